@@ -1,0 +1,78 @@
+"""Shared CLI pieces: engine options, the error boundary, config building."""
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from cure_core.config import DecodeConfig
+from cure_core.errors import CureError
+
+err_console = Console(stderr=True)
+
+
+def fail(message: str, code: int = 2) -> None:
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def friendly_errors(fn):
+    """Turn user errors into one clear line and a non-zero exit; never a traceback."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except CureError as e:
+            fail(str(e))
+        except KeyboardInterrupt:
+            err_console.print("[yellow]interrupted[/]")
+            raise typer.Exit(130)
+        except (OSError, ValueError) as e:
+            if os.environ.get("CURE_DEBUG"):
+                raise
+            fail(f"{type(e).__name__}: {e}")
+    return wrapper
+
+
+# ---- engine options shared by generate / chat / bench ----
+Target = Annotated[Optional[str], typer.Option("--target", "-t", help="Target model: HF id, local folder or embedded alias (see `cure models`). Default: the embedded default.")]
+Draft = Annotated[Optional[str], typer.Option("--draft", "-d", help="Block-parallel drafter (or AR draft with --drafter ar): HF id, folder or alias.")]
+DrafterKind = Annotated[str, typer.Option("--drafter", help="Drafter kind: auto, pard, ar (dflash: see the models issue).")]
+MaskTokenId = Annotated[Optional[int], typer.Option("--mask-token-id", help="PARD mask token id (default: the checkpoint's pard_token).")]
+Strategy = Annotated[str, typer.Option("--strategy", "-s", help="ar | sd | parallel | cure | ddtree")]
+MaxNew = Annotated[int, typer.Option("--max-new-tokens", "-n", help="Tokens to generate at most.")]
+Temperature = Annotated[float, typer.Option("--temperature", help="0 = greedy (identical to ar); > 0 samples losslessly.")]
+Seed = Annotated[int, typer.Option("--seed", help="Sampling seed (temperature > 0).")]
+K = Annotated[int, typer.Option("--k", help="Block size K: the root plus K-1 drafted tokens.")]
+TauMargin = Annotated[float, typer.Option("--tau-margin", help="UFP gate: draft top1-top2 log-prob margin below this.")]
+BMax = Annotated[int, typer.Option("--b-max", help="Repair branches at the most uncertain UFP.")]
+VMax = Annotated[int, typer.Option("--v-max", help="Tree node budget V_max.")]
+Device = Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:1, mps ...")]
+DType = Annotated[str, typer.Option("--dtype", help="float32 (lossless check), float16, bfloat16.")]
+DeviceMap = Annotated[Optional[str], typer.Option("--device-map", help="Passed to accelerate (e.g. auto) for targets larger than one device.")]
+
+
+def decode_config(strategy: str, max_new_tokens: int, temperature: float, seed: int, k: int, tau_margin: float,
+                  b_max: int, v_max: int) -> DecodeConfig:
+    return DecodeConfig(strategy=strategy, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                        k=k, tau_margin=tau_margin, b_max=b_max, b_min=min(1, b_max), v_max=v_max,
+                        top_k=max(8, b_max + 1))
+
+
+def quiet_transformers() -> None:
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        from transformers.utils import logging
+        logging.set_verbosity_error()
+        logging.disable_progress_bar()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def stdout_is_tty() -> bool:
+    return sys.stdout.isatty()

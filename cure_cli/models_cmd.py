@@ -1,0 +1,41 @@
+"""`cure models`: the embedded aliases, whether each is installed and cached, sizes, licences."""
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from cure_core.embedded import DEFAULT_TARGET, EMBEDDED_MODELS, model_status
+
+from .common import friendly_errors
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:,.0f} MB" if n else "-"
+
+
+@friendly_errors
+def models(as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list.")] = False) -> None:
+    """List the embedded model aliases usable as --target/--draft, offline."""
+    rows = [model_status(alias) for alias in EMBEDDED_MODELS]
+    if as_json:
+        print(json.dumps([{"alias": s.alias, "model": s.hf_name, "installed": s.installed, "cached": s.cached,
+                           "gguf_bytes": s.gguf_size, "cache_bytes": s.cache_size,
+                           "cache_path": str(s.cache_path), "licence": EMBEDDED_MODELS[s.alias].licence,
+                           "install": s.pip_hint} for s in rows]))
+        return
+    table = Table(title="Embedded models (use the alias as --target / --draft)")
+    for col in ("alias", "model", "installed", "cached", "GGUF", "cache", "licence"):
+        table.add_column(col)
+    for s in rows:
+        alias = s.alias + (" (default)" if s.alias == DEFAULT_TARGET else "")
+        table.add_row(alias, s.hf_name, "yes" if s.installed else "no", "yes" if s.cached else "no",
+                      _mb(s.gguf_size), _mb(s.cache_size), EMBEDDED_MODELS[s.alias].licence)
+    console = Console()
+    console.print(table)
+    for s in rows:
+        if not s.installed:
+            console.print(f"[dim]{s.alias}: {s.pip_hint}[/]", highlight=False)

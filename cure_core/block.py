@@ -1,0 +1,102 @@
+"""The immutable record of one decoding iteration.
+
+The engine yields one `Block` per target forward; the TUI, the trace writer, bench metrics and
+`cure inspect` only read these records. Everything here is plain Python data (ints, floats,
+tuples), so a Block is cheap to post across threads and round-trips through JSON exactly.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class UFP:
+    """An Uncertainty Focal Point: a drafted position whose top1-top2 margin is below tau_margin."""
+    position: int                 # index in the drafted block (node depth = position + 1)
+    margin: float                 # m_i = l_{i,1} - l_{i,2} (draft log-probs)
+    budget: int                   # b_i: repair branches granted here
+    alternatives: tuple[int, ...]  # substituted tokens actually grafted (next-best draft tokens)
+
+
+@dataclass(frozen=True)
+class TreeNode:
+    token: int
+    parent: int                   # index of the parent node in Block.nodes; -1 = the root
+    depth: int                    # 1..K-1 (the root has depth 0)
+    branch: int                   # 0 = branch 0 (the drafted block); r >= 1 = the r-th other branch
+    accepted: bool                # on the accepted (winning) path
+
+
+@dataclass(frozen=True)
+class Timings:
+    prefill_ms: float = 0.0       # only on the first block of a generation
+    draft_ms: float = 0.0         # drafter: block proposal and repair re-drafts
+    tree_ms: float = 0.0          # UFPs, budget, trie merge, masks (no model compute)
+    verify_ms: float = 0.0        # the one target forward over the tree, plus acceptance
+    commit_ms: float = 0.0        # KV compaction and drafter resync bookkeeping
+
+    @property
+    def total_ms(self) -> float:
+        return self.draft_ms + self.tree_ms + self.verify_ms + self.commit_ms
+
+
+@dataclass(frozen=True)
+class Resync:
+    mode: str                     # "winner": drafter fed the emitted path; "branch0": the no-resync ablation; "none"
+    tokens: tuple[int, ...]       # tokens the drafter's state advanced by (its pending context)
+
+
+@dataclass(frozen=True)
+class Block:
+    index: int                    # 0-based iteration number within the generation
+    strategy: str
+    context_len: int              # committed tokens before this block, prompt included, root excluded
+    root: int                     # last emitted token: the tree's root, verified in this block's forward
+    draft: tuple[int, ...]        # branch 0: the drafted block y_0..y_{K-2} (empty for ar)
+    margins: tuple[float, ...]    # per drafted position, top1 - top2 draft log-prob (empty when unknown)
+    ufps: tuple[UFP, ...]
+    nodes: tuple[TreeNode, ...]   # every tree node, parents before children
+    accepted: tuple[int, ...]     # node indices of the winning path, root excluded, shallow to deep
+    winner: int                   # branch of the winning path's deepest node (0 if branch 0 or nothing won)
+    branch0_accepted: int         # a(pi_0): tokens branch 0 alone would have had accepted
+    bonus: int                    # the target's token after the winning path (argmax, or sampled)
+    emitted: tuple[int, ...]      # tokens emitted this block (accepted path + bonus), cut at a stop
+    resync: Resync
+    timings: Timings
+    stop: str | None = None       # "eos" | "max_new_tokens" | "context" when the generation ended here
+    meta: dict = field(default_factory=dict)  # free-form extras (e.g. ddtree scores); JSON-safe
+
+    # --- derived metrics (DESIGN.md: names as vLLM uses them) ---
+    @property
+    def accept_length(self) -> int:
+        """a(pi*): drafted tokens accepted on the winning path (bonus excluded)."""
+        return len(self.accepted)
+
+    @property
+    def tree_size(self) -> int:
+        """V(T): node count, root excluded."""
+        return len(self.nodes)
+
+    @property
+    def repair_won(self) -> bool:
+        """A repair branch beat branch 0 (strictly more accepted tokens)."""
+        return self.accept_length > self.branch0_accepted
+
+    @property
+    def delta_a(self) -> int:
+        """Extra tokens the tree gained over branch 0 alone."""
+        return self.accept_length - self.branch0_accepted
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(d: dict) -> "Block":
+        d = dict(d)
+        d["ufps"] = tuple(UFP(**{**u, "alternatives": tuple(u["alternatives"])}) for u in d["ufps"])
+        d["nodes"] = tuple(TreeNode(**n) for n in d["nodes"])
+        d["timings"] = Timings(**d["timings"])
+        d["resync"] = Resync(mode=d["resync"]["mode"], tokens=tuple(d["resync"]["tokens"]))
+        for key in ("draft", "margins", "accepted", "emitted"):
+            d[key] = tuple(d[key])
+        return Block(**d)

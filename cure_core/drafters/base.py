@@ -1,0 +1,51 @@
+"""The drafter protocol every strategy drafts through.
+
+One block's calls, in order:
+  propose(root, n, top_k)   -> the block y_0..y_{n-1} plus per-position top-k log-probs (one pass
+                               for a block-parallel drafter, n steps for an autoregressive one)
+  redraft(prefixes, lengths) -> for each repair branch (tokens after the root, ending with the
+                               substituted token), a suffix re-drafted under it; one batched pass
+  advance(tokens, hidden)   -> resync: `tokens` (root + accepted path) are now committed; `hidden`
+                               holds the target's hidden states at those positions for drafters
+                               conditioned on the target (`target_layers` says which layers).
+`reset(context, hidden)` starts a generation: `context` is every prompt token but the last, which
+becomes the first root.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import torch
+
+
+@dataclass(frozen=True)
+class Proposal:
+    tokens: list[int]            # [n] the drafted block (argmax at each position)
+    top_ids: torch.Tensor        # [n, top_k] long, candidates per position, best first (target ids)
+    top_logprobs: torch.Tensor   # [n, top_k] float32 draft log-probs of top_ids
+
+    @property
+    def margins(self) -> list[float]:
+        """m_i = l_{i,1} - l_{i,2}."""
+        return (self.top_logprobs[:, 0] - self.top_logprobs[:, 1]).tolist()
+
+
+class Drafter(Protocol):
+    name: str
+    target_layers: tuple[int, ...]   # target hidden_states indices this drafter conditions on; () = none
+
+    def reset(self, context: Sequence[int], hidden: torch.Tensor | None) -> None: ...
+
+    def propose(self, root: int, n: int, top_k: int) -> Proposal: ...
+
+    def redraft(self, prefixes: Sequence[Sequence[int]], lengths: Sequence[int]) -> list[list[int]]: ...
+
+    def advance(self, tokens: Sequence[int], hidden: torch.Tensor | None) -> None: ...
+
+
+def top_k_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[n, V] logits -> ([n, k] ids, [n, k] log-probs), best first."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    vals, ids = logp.topk(min(k, logp.shape[-1]), dim=-1)
+    return ids.cpu(), vals.cpu()

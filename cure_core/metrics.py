@@ -1,0 +1,58 @@
+"""Summary statistics over Block records (names as vLLM uses them; DESIGN.md "Metrics")."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+from .block import Block
+
+
+@dataclass(frozen=True)
+class GenerationStats:
+    strategy: str
+    new_tokens: int
+    blocks: int                  # target forwards (prefill excluded)
+    tau: float                   # acceptance length: emitted tokens per target forward, bonus included
+    tpot_ms: float               # decode time per emitted token, prefill excluded
+    tokens_per_s: float
+    repair_win_rate: float       # blocks where a repair branch beat branch 0 / blocks
+    mean_tree_size: float        # mean V(T)
+    max_tree_size: int
+    prefill_ms: float
+    decode_ms: float
+    draft_ms: float
+    tree_ms: float
+    verify_ms: float
+    commit_ms: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def summarize(blocks: Sequence[Block]) -> GenerationStats:
+    n = len(blocks)
+    new = sum(len(b.emitted) for b in blocks)
+    t = [b.timings for b in blocks]
+    decode = sum(x.total_ms for x in t)
+    return GenerationStats(
+        strategy=blocks[0].strategy if blocks else "",
+        new_tokens=new, blocks=n,
+        tau=new / n if n else 0.0,
+        tpot_ms=decode / new if new else 0.0,
+        tokens_per_s=1e3 * new / decode if decode > 0 else 0.0,
+        repair_win_rate=sum(b.repair_won for b in blocks) / n if n else 0.0,
+        mean_tree_size=sum(b.tree_size for b in blocks) / n if n else 0.0,
+        max_tree_size=max((b.tree_size for b in blocks), default=0),
+        prefill_ms=sum(x.prefill_ms for x in t), decode_ms=decode,
+        draft_ms=sum(x.draft_ms for x in t), tree_ms=sum(x.tree_ms for x in t),
+        verify_ms=sum(x.verify_ms for x in t), commit_ms=sum(x.commit_ms for x in t),
+    )
+
+
+def per_position_acceptance(blocks: Sequence[Block], depth: int) -> list[float]:
+    """Rate at which the winning path reached depth d (d = 1..depth), over blocks that drafted that deep."""
+    rates = []
+    for d in range(1, depth + 1):
+        eligible = [b for b in blocks if len(b.draft) >= d]
+        rates.append(sum(b.accept_length >= d for b in eligible) / len(eligible) if eligible else 0.0)
+    return rates

@@ -1,0 +1,152 @@
+"""Loading real Hugging Face models into a ModelPair, with clear errors for bad input."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .drafters.causal import ArDrafter, PardDrafter
+from .engine import ModelPair
+from .errors import ModelLoadError
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
+          "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+DRAFTER_KINDS = ("auto", "pard", "ar", "dflash")
+
+
+@dataclass
+class LoadedPair:
+    pair: ModelPair
+    tokenizer: object             # the target's tokenizer
+    drafter_kind: str | None      # what --drafter auto resolved to
+
+
+def resolve(name: str) -> str:
+    """An embedded alias (see `cure models`) becomes its cached local folder; anything else is kept."""
+    from .embedded import resolve_model_path
+    return str(resolve_model_path(name))
+
+
+def load_model(name: str, device: str = "cpu", dtype: str = "float32", device_map: str | None = None):
+    from transformers import AutoConfig, AutoModelForCausalLM
+    path = resolve(name)
+    if dtype not in DTYPES:
+        raise ModelLoadError(f"unknown dtype {dtype!r}; choose one of float32, float16, bfloat16")
+    looks_like_path = path.startswith((".", "/", "~")) or path.count("/") > 1
+    if not Path(path).exists() and looks_like_path:
+        raise ModelLoadError(f"model folder not found: {path}")
+    try:
+        AutoConfig.from_pretrained(path, local_files_only=True)
+    except Exception:  # noqa: BLE001 - transformers raises several kinds here
+        raise ModelLoadError(
+            f"unknown model {name!r}: not a local folder, not an embedded alias (see `cure models`), and not in "
+            f"the local Hugging Face cache (this machine loads offline)") from None
+    kwargs = dict(dtype=DTYPES[dtype], local_files_only=True)
+    if device_map:
+        kwargs["device_map"] = device_map          # accelerate spreads a large target over devices
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    except Exception as e:  # noqa: BLE001
+        raise ModelLoadError(f"could not load {name!r}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+    if not device_map:
+        try:
+            model = model.to(device)
+        except (RuntimeError, AssertionError) as e:
+            raise ModelLoadError(f"cannot move {name!r} to device {device!r}: {str(e).splitlines()[0]}") from None
+    return model.eval(), path
+
+
+def load_tokenizer(path: str, required: bool = True):
+    from transformers import AutoTokenizer
+    try:
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as e:  # noqa: BLE001
+        if required:
+            raise ModelLoadError(f"no usable tokenizer in {path}: {str(e).splitlines()[0]}") from None
+        return None
+
+
+def check_tokenizers_match(target_tok, draft_tok, draft_name: str) -> None:
+    """Draft token ids must mean the same text as the target's (a shared tokenizer)."""
+    if draft_tok is None:
+        return
+    tv, dv = target_tok.get_vocab(), draft_tok.get_vocab()
+    diff = [t for t, i in dv.items() if tv.get(t) != i]
+    if diff:
+        ex = diff[0]
+        raise ModelLoadError(
+            f"tokenizer mismatch: {draft_name!r} maps {len(diff)} tokens differently from the target "
+            f"(e.g. {ex!r} -> {dv[ex]} vs {tv.get(ex)}); the draft must share the target's tokenizer")
+
+
+def detect_drafter(model, kind: str, mask_token_id: int | None) -> tuple[str, int | None]:
+    """--drafter auto: a PARD checkpoint names its mask token in config (pard_token); a DFlash one
+    declares a DFlash architecture; anything else drafts autoregressively."""
+    cfg = model.config
+    if kind == "auto":
+        archs = " ".join(getattr(cfg, "architectures", None) or [])
+        if "DFlash" in archs:
+            kind = "dflash"
+        elif mask_token_id is not None or getattr(cfg, "pard_token", None) is not None:
+            kind = "pard"
+        else:
+            kind = "ar"
+    if kind == "pard":
+        mask_token_id = mask_token_id if mask_token_id is not None else getattr(cfg, "pard_token", None)
+        if mask_token_id is None:
+            raise ModelLoadError("a PARD drafter needs its mask token id: pass --mask-token-id "
+                                 "(or use a checkpoint whose config has pard_token)")
+    if kind == "dflash":
+        raise ModelLoadError("DFlash drafters are not supported yet (tracked in the models issue); "
+                             "use --drafter pard or ar")
+    return kind, mask_token_id
+
+
+def load_pair(target: str, draft: str | None = None, *, drafter: str = "auto", mask_token_id: int | None = None,
+              ar_draft: str | None = None, device: str = "cpu", dtype: str = "float32",
+              device_map: str | None = None) -> LoadedPair:
+    if drafter not in DRAFTER_KINDS:
+        raise ModelLoadError(f"unknown drafter kind {drafter!r}; choose one of {', '.join(DRAFTER_KINDS)}")
+    tmodel, tpath = load_model(target, device, dtype, device_map)
+    tok = load_tokenizer(tpath)
+    vocab = len(tok)
+    names = {"target": target}
+    block_drafter, ar_drafter, kind = None, None, None
+    draft_device = device if not device_map else str(next(tmodel.parameters()).device)
+    if draft:
+        dmodel, dpath = load_model(draft, draft_device, dtype)
+        check_tokenizers_match(tok, load_tokenizer(dpath, required=False), draft)
+        kind, mask_token_id = detect_drafter(dmodel, drafter, mask_token_id)
+        if kind == "pard":
+            block_drafter = PardDrafter(dmodel, mask_token_id, vocab_size=vocab)
+        else:
+            block_drafter = ar_drafter = ArDrafter(dmodel, vocab_size=vocab)
+        names["draft"] = draft
+    if ar_draft:
+        amodel, apath = load_model(ar_draft, draft_device, dtype)
+        check_tokenizers_match(tok, load_tokenizer(apath, required=False), ar_draft)
+        ar_drafter = ArDrafter(amodel, vocab_size=vocab)
+        names["ar_draft"] = ar_draft
+    eos = set()
+    for src in (getattr(tmodel, "generation_config", None), tmodel.config):
+        e = getattr(src, "eos_token_id", None) if src is not None else None
+        eos.update([e] if isinstance(e, int) else (e or []))
+    if tok.eos_token_id is not None:
+        eos.add(tok.eos_token_id)
+    pair = ModelPair(target=tmodel, drafter=block_drafter, ar_drafter=ar_drafter, eos_ids=tuple(sorted(eos)),
+                     names=names)
+    return LoadedPair(pair=pair, tokenizer=tok, drafter_kind=kind)
+
+
+def encode_prompt(tokenizer, text: str, chat: bool, history: list[dict] | None = None) -> list[int]:
+    """Chat template (with the generation prompt) or raw text -> token ids."""
+    if chat:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ModelLoadError("this tokenizer has no chat template; use --raw")
+        messages = list(history or []) + [{"role": "user", "content": text}]
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return list(ids)
+    return tokenizer.encode(text, add_special_tokens=False)

@@ -1,0 +1,192 @@
+"""Trace files: JSON lines, one per Block, framed by a header and a footer.
+
+    {"type": "header", "schema": 1, "models": {...}, "config": {...}, "versions": {...}, "created": ...}
+    {"type": "generation", "id": 0, "prompt_ids": [...], "prompt": "...", "strategy": "cure", "config": {...}}
+    {"type": "block", "generation": 0, ...Block fields...}
+    {"type": "end", "generation": 0, "stats": {...}}
+    {"type": "footer", "status": "complete" | "interrupted", "generations": N, "blocks": M, "summary": {...}}
+
+The writer writes to a temporary file beside the target and renames it into place on close, so a
+reader never sees a half-written trace under the final name. The reader validates every line and
+reports the line number of the first problem.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from .block import Block
+from .errors import TraceError
+from .metrics import summarize
+
+SCHEMA_VERSION = 1
+
+
+def versions() -> dict:
+    import torch
+    import transformers
+
+    from . import __version__
+    return {"cure": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version()}
+
+
+@dataclass
+class TraceGeneration:
+    id: int
+    prompt_ids: list[int]
+    prompt: str | None
+    strategy: str
+    config: dict
+    blocks: list[Block] = field(default_factory=list)
+    stats: dict | None = None
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [t for b in self.blocks for t in b.emitted]
+
+
+@dataclass
+class Trace:
+    header: dict
+    generations: list[TraceGeneration]
+    footer: dict
+
+    @property
+    def blocks(self) -> list[Block]:
+        return [b for g in self.generations for b in g.blocks]
+
+
+class TraceWriter:
+    """Context manager; `begin()` a generation, `block()` each Block, `end()` it."""
+
+    def __init__(self, path: str | os.PathLike, models: dict, config: dict, extra: dict | None = None):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".part", dir=self.path.parent)
+        self._tmp = Path(tmp)
+        self._f = os.fdopen(fd, "w", encoding="utf-8")
+        self._gen = -1
+        self._blocks: list[Block] = []
+        self._all: list[Block] = []
+        self._write({"type": "header", "schema": SCHEMA_VERSION, "models": models, "config": config,
+                     "versions": versions(), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **(extra or {})})
+
+    def _write(self, obj: dict) -> None:
+        self._f.write(json.dumps(obj, separators=(",", ":")) + "\n")
+
+    def begin(self, prompt_ids: Sequence[int], prompt: str | None, strategy: str, config: dict) -> int:
+        self._gen += 1
+        self._blocks = []
+        self._write({"type": "generation", "id": self._gen, "prompt_ids": list(prompt_ids), "prompt": prompt,
+                     "strategy": strategy, "config": config})
+        return self._gen
+
+    def block(self, block: Block) -> None:
+        self._blocks.append(block)
+        self._all.append(block)
+        self._write({"type": "block", "generation": self._gen, **block.to_dict()})
+        self._f.flush()
+
+    def end(self) -> None:
+        stats = summarize(self._blocks).to_dict() if self._blocks else None
+        self._write({"type": "end", "generation": self._gen, "stats": stats})
+
+    def close(self, status: str = "complete") -> Path:
+        if self._f.closed:
+            return self.path
+        summary = summarize(self._all).to_dict() if self._all else None
+        self._write({"type": "footer", "status": status, "generations": self._gen + 1,
+                     "blocks": len(self._all), "summary": summary})
+        self._f.close()
+        os.replace(self._tmp, self.path)
+        return self.path
+
+    def abort(self) -> None:
+        """Drop the temporary file: nothing is left under the final name."""
+        if not self._f.closed:
+            self._f.close()
+        self._tmp.unlink(missing_ok=True)
+
+    def __enter__(self) -> "TraceWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close("complete")
+        elif issubclass(exc_type, KeyboardInterrupt) and self._all:
+            self.close("interrupted")      # keep what finished
+        else:
+            self.abort()
+
+
+def read_trace(path: str | os.PathLike) -> Trace:
+    path = Path(path)
+    if not path.exists():
+        raise TraceError(f"trace file not found: {path}")
+    if path.is_dir():
+        trace_in_dir = path / "trace.jsonl"
+        if trace_in_dir.exists():
+            path = trace_in_dir
+        else:
+            raise TraceError(f"{path} is a directory with no trace.jsonl")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise TraceError(f"{path} is not a trace (not UTF-8 text)") from None
+    if not lines:
+        raise TraceError(f"{path} is empty, not a trace")
+    header, footer = None, None
+    gens: dict[int, TraceGeneration] = {}
+    for no, line in enumerate(lines, start=1):
+        where = f"{path}:{no}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise TraceError(f"{where}: corrupt trace line ({e.msg})") from None
+        if not isinstance(obj, dict) or "type" not in obj:
+            raise TraceError(f"{where}: corrupt trace line (no record type)")
+        kind = obj["type"]
+        if no == 1:
+            if kind != "header":
+                raise TraceError(f"{path} is not a cure trace (first line is not a header)")
+            schema = obj.get("schema")
+            if not isinstance(schema, int):
+                raise TraceError(f"{where}: header has no schema version")
+            if schema > SCHEMA_VERSION:
+                raise TraceError(f"{path} was written by a newer cure (trace schema {schema}; this cure reads "
+                                 f"up to {SCHEMA_VERSION}): upgrade cure to open it")
+            header = obj
+            continue
+        if footer is not None:
+            raise TraceError(f"{where}: data after the footer")
+        try:
+            if kind == "generation":
+                gens[obj["id"]] = TraceGeneration(id=obj["id"], prompt_ids=list(obj["prompt_ids"]),
+                                                  prompt=obj.get("prompt"), strategy=obj["strategy"],
+                                                  config=obj.get("config") or {})
+            elif kind == "block":
+                g = obj.pop("generation")
+                obj.pop("type")
+                if g not in gens:
+                    raise TraceError(f"{where}: block for generation {g}, which was never begun")
+                gens[g].blocks.append(Block.from_dict(obj))
+            elif kind == "end":
+                gens[obj["generation"]].stats = obj.get("stats")
+            elif kind == "footer":
+                footer = obj
+            else:
+                raise TraceError(f"{where}: unknown record type {kind!r}")
+        except TraceError:
+            raise
+        except (KeyError, TypeError, ValueError) as e:
+            raise TraceError(f"{where}: corrupt {kind} record ({type(e).__name__}: {e})") from None
+    if footer is None:
+        raise TraceError(f"{path} is truncated (no footer): the run that wrote it did not finish")
+    return Trace(header=header, generations=[gens[k] for k in sorted(gens)], footer=footer)

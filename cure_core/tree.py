@@ -1,0 +1,166 @@
+"""The draft tree: a trie of candidate paths under the root, its attention mask and acceptance.
+
+Nodes are stored parent-before-child in flat lists, so the tree is a handful of int arrays:
+tokens[i], parents[i] (-1 = the root), depths[i] (1..K-1), branches[i]. Masks and acceptance
+are computed one depth level at a time with numpy / torch (<= K-1 vectorised steps), never per node.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+
+@dataclass
+class DraftTree:
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    depths: list[int] = field(default_factory=list)
+    branches: list[int] = field(default_factory=list)
+    _child: dict = field(default_factory=dict)   # (parent, token) -> node index: the trie merge
+    _repair_width: dict = field(default_factory=dict)  # depth -> repair nodes at that depth (beam)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def add_path(self, tokens, branch: int, *, v_max: int | None = None, beam: int | None = None,
+                 parent: int = -1) -> list[int]:
+        """Merge one candidate path (tokens from depth 1, or below `parent`) into the trie.
+
+        Shared prefixes reuse existing nodes. New nodes stop when the node budget `v_max` is
+        reached or, for repair branches (branch != 0), when `beam` repair nodes already sit at
+        that depth: the budget cuts the path's suffix, never what is already in the tree.
+        Returns the node index of every token of the path that is in the tree.
+        """
+        path = []
+        depth = self.depths[parent] if parent >= 0 else 0
+        for tok in tokens:
+            tok = int(tok)
+            depth += 1
+            node = self._child.get((parent, tok))
+            if node is None:
+                if v_max is not None and len(self.tokens) >= v_max:
+                    break
+                if branch != 0 and beam is not None and self._repair_width.get(depth, 0) >= beam:
+                    break
+                node = len(self.tokens)
+                self.tokens.append(tok)
+                self.parents.append(parent)
+                self.depths.append(depth)
+                self.branches.append(branch)
+                self._child[(parent, tok)] = node
+                if branch != 0:
+                    self._repair_width[depth] = self._repair_width.get(depth, 0) + 1
+            path.append(node)
+            parent = node
+        return path
+
+    def children_of(self, parent: int) -> list[int]:
+        """Children of a node (-1 = root) in insertion order: branch 0 first."""
+        return [i for i, p in enumerate(self.parents) if p == parent]
+
+    def path_to(self, node: int) -> list[int]:
+        """Node indices from depth 1 down to `node`."""
+        path = []
+        while node >= 0:
+            path.append(node)
+            node = self.parents[node]
+        return path[::-1]
+
+    # ---- arrays for verification ----
+    def ancestor_matrix(self) -> np.ndarray:
+        """anc[i, j] = node j is node i or one of its ancestors. [N, N] bool."""
+        n = len(self.tokens)
+        anc = np.zeros((n, n), dtype=bool)
+        if n == 0:
+            return anc
+        parents = np.asarray(self.parents)
+        depths = np.asarray(self.depths)
+        idx = np.arange(n)
+        for d in range(1, int(depths.max()) + 1):
+            level = idx[depths == d]                       # nodes at depth d
+            par = parents[level]
+            has_parent = par >= 0
+            # Rule: a node sees exactly what its parent sees, plus itself.
+            anc[level[has_parent]] = anc[par[has_parent]]
+            anc[level, level] = True
+        return anc
+
+
+def tree_mask_with_root(tree: DraftTree) -> np.ndarray:
+    """Ancestor-only mask over [root, node_0..node_{N-1}]: [N+1, N+1] bool (root sees itself only;
+    every node sees the root)."""
+    n = len(tree)
+    m = np.zeros((n + 1, n + 1), dtype=bool)
+    m[:, 0] = True
+    m[1:, 1:] = tree.ancestor_matrix()
+    m[0, 0] = True
+    return m
+
+
+def greedy_accept(tree: DraftTree, target_argmax: torch.Tensor) -> list[int]:
+    """Longest accepted path at temperature 0.
+
+    target_argmax: [N+1] long, the target's argmax at [root, node_0, ...].
+    Rule: a node is accepted iff its parent is accepted (the root always is) and its token equals
+    the target's argmax at the parent. Children of one parent hold distinct tokens, so the accepted
+    nodes form a single chain: the winning path. Returns its node indices, shallow to deep.
+    """
+    n = len(tree)
+    if n == 0:
+        return []
+    pred = target_argmax.tolist()
+    tokens = np.asarray(tree.tokens)
+    parents = np.asarray(tree.parents)
+    depths = np.asarray(tree.depths)
+    pred_at_parent = np.asarray(pred)[parents + 1]          # [N] argmax after each node's parent
+    ok = tokens == pred_at_parent
+    accepted = np.zeros(n, dtype=bool)
+    idx = np.arange(n)
+    for d in range(1, int(depths.max()) + 1):
+        level = idx[depths == d]
+        par = parents[level]
+        parent_ok = np.where(par >= 0, accepted[np.maximum(par, 0)], True)
+        accepted[level] = ok[level] & parent_ok
+        if not accepted[level].any():
+            break
+    chain = idx[accepted]
+    return sorted(chain.tolist(), key=lambda i: tree.depths[i])
+
+
+def sample_accept(tree: DraftTree, logits: torch.Tensor, temperature: float,
+                  generator: torch.Generator) -> tuple[list[int], int]:
+    """Lossless multi-candidate rejection sampling over the tree (temperature > 0).
+
+    logits: [N+1, V] target logits at [root, node_0, ...].
+    At the current node, p = softmax(logits / T). Its children (deterministic draft candidates,
+    distinct tokens) are tried in turn: child token t is accepted with probability
+    p(t) / sum(p); on rejection t is removed from p (the residual). If every child is rejected,
+    the bonus token is sampled from the residual. Trying distinct candidates one at a time against
+    the residual is sampling from p without replacement, so each emitted token has exactly the
+    target's distribution. Returns (accepted node indices, bonus token).
+    """
+    children: dict[int, list[int]] = {}
+    for i, p in enumerate(tree.parents):
+        children.setdefault(p, []).append(i)
+    path: list[int] = []
+    node = -1
+    while True:
+        p = torch.softmax(logits[node + 1].double().cpu() / temperature, dim=-1)   # [V], sampled on the CPU
+        chosen = None
+        for child in children.get(node, []):
+            tok = tree.tokens[child]
+            mass = p.sum()
+            if mass <= 0:
+                break
+            u = torch.rand((), generator=generator, dtype=torch.float64)
+            if u < p[tok] / mass:
+                chosen = child
+                break
+            p[tok] = 0.0
+        if chosen is None:
+            bonus = int(torch.multinomial(p / p.sum(), 1, generator=generator))
+            return path, bonus
+        path.append(chosen)
+        node = chosen

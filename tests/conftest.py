@@ -1,0 +1,37 @@
+"""Shared fixtures: tiny random models built in-process (no downloads)."""
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import pytest
+import torch
+
+from cure_core.drafters.causal import ArDrafter, PardDrafter
+from cure_core.engine import ModelPair
+from cure_core.tiny import BYTE_VOCAB, MASK_ID, perturbed_copy, tiny_target
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def target():
+    return tiny_target(seed=0)
+
+
+@pytest.fixture(scope="session")
+def drafts(target):
+    """Perturbed copies of the target: mild and strong noise."""
+    return {"mild": perturbed_copy(target, noise=0.2, seed=1), "strong": perturbed_copy(target, noise=0.6, seed=2)}
+
+
+def make_pair(target, draft_model, eos_ids=(), max_context=None):
+    return ModelPair(target=target,
+                     drafter=PardDrafter(draft_model, MASK_ID, vocab_size=BYTE_VOCAB),
+                     ar_drafter=ArDrafter(draft_model, vocab_size=BYTE_VOCAB),
+                     eos_ids=tuple(eos_ids), max_context=max_context)
+
+
+@pytest.fixture(scope="session")
+def pair(target, drafts):
+    return make_pair(target, drafts["mild"])

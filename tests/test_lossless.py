@@ -1,0 +1,112 @@
+"""Losslessness: every strategy emits exactly ar's tokens at temperature 0 in float32."""
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cure_core.config import DecodeConfig
+from cure_core.engine import Engine, generate_ids
+
+from conftest import make_pair
+
+SPECULATIVE = ("sd", "parallel", "cure", "ddtree")
+
+
+def run(pair, cfg, prompt):
+    blocks = list(Engine(pair, cfg).generate(prompt))
+    return [t for b in blocks for t in b.emitted], blocks
+
+
+@st.composite
+def configs(draw):
+    k = draw(st.integers(2, 12))
+    b_max = draw(st.integers(1, 5))
+    return dict(
+        k=k,
+        max_new_tokens=draw(st.integers(1, 40)),
+        tau_margin=draw(st.sampled_from([0.0, 0.3, 1.0, 3.0, 100.0])),
+        b_min=draw(st.integers(0, b_max)),
+        b_max=b_max,
+        max_ufps=draw(st.integers(0, 3)),
+        v_max=draw(st.integers(k - 1, 64)),
+        beam=draw(st.integers(1, 5)),
+        keep_branch0=draw(st.booleans()),
+        resync=draw(st.booleans()),
+    )
+
+
+prompts = st.lists(st.integers(0, 255), min_size=1, max_size=24)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(prompt=prompts, conf=configs(), noise=st.sampled_from(["mild", "strong"]))
+def test_every_strategy_equals_ar(target, drafts, prompt, conf, noise):
+    """60 examples x 4 speculative strategies = 240 (prompt, config) cases against ar."""
+    pair = make_pair(target, drafts[noise])
+    ref, _ = run(pair, DecodeConfig(strategy="ar", **conf), prompt)
+    for strategy in SPECULATIVE:
+        out, blocks = run(pair, DecodeConfig(strategy=strategy, **conf), prompt)
+        assert out == ref, f"{strategy} diverged from ar with {conf}"
+        assert all(b.tree_size <= conf["v_max"] for b in blocks)
+
+
+@pytest.mark.parametrize("strategy", SPECULATIVE)
+def test_paper_defaults_lossless_and_partial_acceptance(pair, strategy):
+    """K=16, tau_margin=1, b 1..5, beam 5, one UFP: identical output, acceptance neither 0 nor all."""
+    prompt = list(b"def fibonacci(n):\n    ")
+    cfg = DecodeConfig(strategy=strategy, max_new_tokens=96)
+    ref, _ = run(pair, cfg.with_(strategy="ar"), prompt)
+    out, blocks = run(pair, cfg, prompt)
+    assert out == ref
+    tau = len(out) / len(blocks)
+    assert 1.0 < tau < 16.0
+    assert any(b.accept_length < len(b.draft) for b in blocks)  # some drafted tokens are rejected
+
+
+def test_cure_repairs_win_sometimes(pair):
+    prompts = [list(f"prompt {i}: x = {i * 7}".encode()) for i in range(6)]
+    wins = 0
+    for p in prompts:
+        _, blocks = run(pair, DecodeConfig(strategy="cure", max_new_tokens=48), p)
+        wins += sum(b.repair_won for b in blocks)
+        for b in blocks:
+            if b.repair_won:
+                assert b.winner != 0 and b.delta_a > 0
+    assert wins > 0
+
+
+@pytest.mark.parametrize("strategy", SPECULATIVE)
+def test_stops_match_ar_at_eos_and_context_end(target, drafts, strategy):
+    prompt = list(b"hello world")
+    # eos: pick a token ar emits mid-way, so the cut happens inside a block
+    free = generate_ids(make_pair(target, drafts["mild"]), DecodeConfig(strategy="ar", max_new_tokens=30), prompt)
+    eos = free[7]
+    pair = make_pair(target, drafts["mild"], eos_ids=[eos])
+    ref = generate_ids(pair, DecodeConfig(strategy="ar", max_new_tokens=30), prompt)
+    assert ref[-1] == eos and len(ref) == free.index(eos) + 1
+    assert generate_ids(pair, DecodeConfig(strategy=strategy, max_new_tokens=30), prompt) == ref
+    # context end: 13 tokens of room in a 24-token context
+    pair = make_pair(target, drafts["mild"], max_context=len(prompt) + 13)
+    ref = generate_ids(pair, DecodeConfig(strategy="ar", max_new_tokens=100), prompt)
+    assert len(ref) == 13
+    out, blocks = run(pair, DecodeConfig(strategy=strategy, max_new_tokens=100), prompt)
+    assert out == ref and blocks[-1].stop == "context"
+
+
+def test_ablations_really_change_the_mechanism(pair):
+    prompt = list(b"for i in range(10):")
+    cfg = DecodeConfig(strategy="cure", max_new_tokens=64, tau_margin=3.0)
+    _, full = run(pair, cfg, prompt)
+    _, no_b0 = run(pair, cfg.with_(keep_branch0=False), prompt)
+    _, no_resync = run(pair, cfg.with_(resync=False), prompt)
+    # without branch 0, blocks with repairs hold no branch-0 node below the UFP
+    for b in no_b0:
+        if b.ufps:
+            pos = min(u.position for u in b.ufps)
+            assert all(n.depth <= pos for n in b.nodes if n.branch == 0)
+    assert any(b.resync.mode == "branch0" for b in no_resync)
+    # no-resync feeds branch 0's tokens when a repair won
+    for b in no_resync:
+        if b.repair_won:
+            assert b.resync.tokens != tuple(b.nodes[i].token for i in b.accepted)
+    assert all(b.resync.tokens == tuple(b.nodes[i].token for i in b.accepted) for b in full)

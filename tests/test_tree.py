@@ -1,0 +1,154 @@
+"""Tree construction, masks and budgets against brute force."""
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cure_core.config import ConfigError, DecodeConfig
+from cure_core.drafters.base import Proposal
+from cure_core.strategies import build_cure_tree, build_ddtree, select_ufps
+from cure_core.tree import DraftTree, greedy_accept, tree_mask_with_root
+
+paths_st = st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=6), min_size=1, max_size=8)
+
+
+def brute_ancestors(tree):
+    n = len(tree)
+    anc = np.zeros((n, n), dtype=bool)
+    for i in range(n):
+        j = i
+        while j >= 0:
+            anc[i, j] = True
+            j = tree.parents[j]
+    return anc
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(paths=paths_st)
+def test_trie_merge_and_mask_match_brute_force(paths):
+    tree = DraftTree()
+    for r, p in enumerate(paths):
+        nodes = tree.add_path(p, branch=r)
+        assert [tree.tokens[i] for i in nodes] == p          # each path is spelled out in the tree
+        assert [tree.depths[i] for i in nodes] == list(range(1, len(p) + 1))
+    # trie: the node count is the number of distinct prefixes
+    prefixes = {tuple(p[:j]) for p in paths for j in range(1, len(p) + 1)}
+    assert len(tree) == len(prefixes)
+    assert (tree.ancestor_matrix() == brute_ancestors(tree)).all()
+    m = tree_mask_with_root(tree)
+    assert m[:, 0].all() and not m[0, 1:].any()
+    # parents before children; siblings hold distinct tokens
+    assert all(p < i for i, p in enumerate(tree.parents))
+    sib = {(p, t) for p, t in zip(tree.parents, tree.tokens)}
+    assert len(sib) == len(tree)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(paths=paths_st, data=st.data())
+def test_greedy_accept_is_longest_matching_path(paths, data):
+    tree = DraftTree()
+    for r, p in enumerate(paths):
+        tree.add_path(p, branch=r)
+    pred = data.draw(st.lists(st.integers(0, 3), min_size=len(tree) + 1, max_size=len(tree) + 1))
+    path = greedy_accept(tree, torch.tensor(pred))
+    # brute force: every root-to-node path whose tokens equal the argmax at each parent
+    best = []
+    for i in range(len(tree)):
+        chain = tree.path_to(i)
+        ok = all(tree.tokens[c] == pred[(tree.parents[c] + 1)] for c in chain)
+        if ok and len(chain) > len(best):
+            best = chain
+    assert path == best
+
+
+def proposal(tokens, margins, k=6):
+    n = len(tokens)
+    ids = torch.tensor([[t] + [100 + 10 * i + j for j in range(k - 1)] for i, t in enumerate(tokens)])
+    logp = torch.tensor([[0.0, -m] + [-m - 1 - j for j in range(k - 2)] for m in margins])
+    return Proposal(tokens=list(tokens), top_ids=ids, top_logprobs=logp)
+
+
+class Redrafter:
+    """Redraft stub for tree-shape tests: suffix tokens 7, 7, ...; records its calls."""
+    def __init__(self):
+        self.calls = []
+
+    def redraft(self, prefixes, lengths):
+        self.calls.append((list(map(list, prefixes)), list(lengths)))
+        return [[7] * n for n in lengths]
+
+
+def test_ufp_selection_and_dynamic_budget():
+    cfg = DecodeConfig(tau_margin=1.0, b_min=1, b_max=5, max_ufps=2)
+    picked = select_ufps(cfg, [2.0, 0.9, 0.05, 1.0, 0.5])
+    assert [p for p, _, _ in picked] == [2, 4]            # ascending margin, below tau only
+    # u = 1 - m/s ; b = 1 + round(4u)
+    assert [b for _, _, b in picked] == [1 + round(4 * 0.95), 1 + round(4 * 0.5)]
+    assert select_ufps(cfg.with_(max_ufps=0), [0.0, 0.0]) == []
+
+
+@pytest.mark.parametrize("v_max,beam", [(15, 5), (20, 5), (64, 5), (64, 2), (30, 1)])
+def test_cure_tree_budget_depth_beam(v_max, beam):
+    cfg = DecodeConfig(v_max=v_max, beam=beam, max_ufps=2)
+    block = list(range(1, 16))                              # K-1 = 15 tokens
+    margins = [5.0] * 15
+    margins[3], margins[9] = 0.1, 0.4
+    stub = Redrafter()
+    plan = build_cure_tree(cfg, proposal(block, margins), stub)
+    tree = plan.tree
+    assert len(tree) <= v_max
+    assert max(tree.depths) <= 15
+    # branch 0 is whole and first
+    b0 = [i for i, b in enumerate(tree.branches) if b == 0]
+    assert [tree.tokens[i] for i in b0] == block
+    # repair frontier: at most `beam` repair nodes at any depth
+    for d in set(tree.depths):
+        assert sum(1 for i in range(len(tree)) if tree.depths[i] == d and tree.branches[i] != 0) <= beam
+    # the repair prefixes were re-drafted in ONE batched call, suffix down to depth K-1
+    assert len(stub.calls) == 1
+    prefixes, lengths = stub.calls[0]
+    for p, n in zip(prefixes, lengths):
+        assert p[:-1] == block[: len(p) - 1] and len(p) + n == 15
+    assert [u.position for u in plan.ufps] == [3, 9]
+
+
+def test_cure_without_branch0_keeps_only_shared_prefix():
+    cfg = DecodeConfig(keep_branch0=False)
+    block = list(range(1, 16))
+    margins = [5.0] * 15
+    margins[6] = 0.2
+    tree = build_cure_tree(cfg, proposal(block, margins), Redrafter()).tree
+    assert [tree.tokens[i] for i, b in enumerate(tree.branches) if b == 0] == block[:6]
+    # with no UFP, branch 0 stays (no repair to replace it)
+    tree = build_cure_tree(cfg, proposal(block, [5.0] * 15), Redrafter()).tree
+    assert tree.tokens == block
+
+
+@pytest.mark.parametrize("v_max", [15, 32, 64])
+def test_ddtree_best_first_within_budget(v_max):
+    cfg = DecodeConfig(strategy="ddtree", v_max=v_max, beam=3)
+    margins = [0.3 * (i % 4) for i in range(15)]
+    p = proposal(list(range(1, 16)), margins, k=8)
+    tree = build_ddtree(cfg, p)
+    assert len(tree) == min(v_max, len(tree))
+    assert len(tree) <= v_max
+    for d in set(tree.depths):
+        assert tree.depths.count(d) <= cfg.beam + 1
+    # best-first: every kept node scores at least as high as... its parent scores higher than it
+    logp = {(d, t): lp for d in range(15) for t, lp in zip(p.top_ids[d].tolist(), p.top_logprobs[d].tolist())}
+    score = {}
+    for i in range(len(tree)):
+        s = logp[(tree.depths[i] - 1, tree.tokens[i])]
+        score[i] = s + (score[tree.parents[i]] if tree.parents[i] >= 0 else 0.0)
+        if tree.parents[i] >= 0:
+            assert score[tree.parents[i]] >= score[i]
+
+
+@pytest.mark.parametrize("bad", [dict(k=1), dict(v_max=3), dict(b_min=4, b_max=2), dict(strategy="nope"),
+                                 dict(beam=0), dict(temperature=-1), dict(top_k=3)])
+def test_invalid_config_is_refused(bad):
+    with pytest.raises(ConfigError):
+        DecodeConfig(**bad)
