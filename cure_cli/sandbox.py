@@ -26,9 +26,11 @@ What is guarded, and by what:
   - writes outside the temp dir: ``open`` for writing, ``os.remove/rename/replace/rmdir/mkdir/
     chmod/chown/utime/truncate/link/symlink``, ``shutil.rmtree/copy*/move``; paths are resolved
     with ``realpath`` (symlinks followed) and ``dir_fd`` through ``/proc/self/fd``;
-  - reads outside the temp dir, the Python installation, ``/usr``, ``/lib*``, ``/etc`` (less
-    shadow/sudoers/ssh) and the child's own ``/proc/<pid>`` (so no ``~/.cache`` tokens and no
-    other process's ``/proc/<pid>/environ``);
+  - reads: only files in the temp dir, the Python installation, ``/usr``, ``/lib*``, ``/etc``
+    (less shadow/sudoers/ssh), ``/dev/{null,zero,random,urandom,stdin}``, ``/proc/cpuinfo``,
+    ``/proc/meminfo`` and the child's own ``/proc/<pid>`` (so no ``~/.cache`` tokens and no
+    other process's ``/proc/<pid>/environ``); outside the temp dir no directory may be opened
+    (a directory fd would let ``dir_fd=`` calls dodge the path checks);
   - sockets: ``connect``, ``bind``, ``sendto`` and name resolution;
   - signals to any process but itself / its own group; raising rlimits; ``ctypes``; loading
     native extension modules from outside the Python installation; ``gc`` object walks (which
@@ -36,9 +38,12 @@ What is guarded, and by what:
 
 What is NOT guarded: audit hooks are not a security boundary. Hostile code can get around them
 (a ``__fspath__`` that answers differently on the second call, a bug in an extension module,
-anything native). Reads of world-readable system files are allowed, and nothing limits disk
-usage in the temp dir beyond RLIMIT_FSIZE per file. Running as root, the kernel-enforced limits
-above are the only hard guarantees; run untrusted code inside a container or VM.
+anything native). Listing directories (``os.listdir``/``scandir``) and ``stat`` are not
+guarded anywhere, and nothing limits disk usage in the temp dir beyond RLIMIT_FSIZE per file.
+The network namespace and the pids cgroup are only there when the host allows them (root with
+CAP_SYS_ADMIN and a writable cgroup fs): see :func:`pids_cgroup_available`. Running as root,
+the kernel-enforced limits above are the only hard guarantees; for hostile code use a container
+or VM around the whole harness.
 """
 
 from __future__ import annotations
@@ -130,11 +135,10 @@ def _cure_boot():
     sys.dont_write_bytecode = True
     sys.argv = ["main.py"]
 
-    src_path = os.path.join(root, "main.py")
-    with open(src_path, encoding="utf-8") as f:
-        code = compile(f.read(), src_path, "exec")
+    with open("main.py", encoding="utf-8") as f:
+        source = f.read()
     if not cfg["audit_hooks"]:
-        return code
+        return source
 
     # Rule: no process creation through _posixsubprocess (subprocess, multiprocessing spawn).
     import types
@@ -273,10 +277,10 @@ def _cure_boot():
             check(args)
 
     sys.addaudithook(hook)
-    return code
+    return source
 
 try:
-    _cure_code = _cure_boot()
+    _cure_source = _cure_boot()
 except BaseException as _cure_exc:
     sys.stderr.write("cure-sandbox: boot failed: %r\n" % (_cure_exc,))
     sys.stderr.flush()
@@ -288,7 +292,8 @@ _cure_main.__file__ = os.path.realpath("main.py")
 _cure_main.__builtins__ = __builtins__
 sys.modules["__main__"] = _cure_main
 del _cure_types
-exec(_cure_code, _cure_main.__dict__)
+# Compiled here, outside the boot's try: a SyntaxError is the sample's failure, not ours.
+exec(compile(_cure_source, _cure_main.__file__, "exec"), _cure_main.__dict__)
 '''.replace("%(boot_rc)d", str(_BOOT_FAILED_RC))
 
 
@@ -306,6 +311,7 @@ class _PidsCgroup:
         """Make one under the v1 ``pids`` hierarchy or the v2 root; None when not possible."""
         name = f"{_CGROUP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
         for base in _pids_cgroup_bases():
+            _remove_stale_cgroups(base)
             path = os.path.join(base, name)
             try:
                 os.mkdir(path)
@@ -353,6 +359,16 @@ class _PidsCgroup:
             return []
 
 
+@functools.lru_cache(maxsize=1)
+def pids_cgroup_available() -> bool:
+    """Whether runs get a kernel process-count limit (a per-run pids cgroup) on this host."""
+    probe = _PidsCgroup.create(1)
+    if probe is None:
+        return False
+    probe.kill_all_and_remove()
+    return True
+
+
 def _pids_cgroup_bases() -> list[str]:
     bases = []
     if os.path.isdir("/sys/fs/cgroup/pids"):  # cgroup v1
@@ -364,6 +380,20 @@ def _pids_cgroup_bases() -> list[str]:
     except OSError:
         pass
     return bases
+
+
+def _remove_stale_cgroups(base: str) -> None:
+    """Remove empty run cgroups left by parents that died before cleaning up."""
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return
+    for name in names:
+        if not name.startswith(_CGROUP_PREFIX):
+            continue
+        owner = name[len(_CGROUP_PREFIX):].split("-", 1)[0]
+        if owner.isdigit() and not os.path.exists(f"/proc/{owner}"):
+            _rmdir_quietly(os.path.join(base, name))  # fails (EBUSY) if tasks are still in it
 
 
 def _rmdir_quietly(path: str) -> None:
@@ -509,8 +539,9 @@ def _execute(
                 pid=proc.pid,
             )
     finally:
-        if proc is not None:
+        if proc is not None and proc.returncode is None:  # interrupted before the normal kill
             _kill_group(proc.pid)
+            proc.wait()
         if cgroup is not None:
             cgroup.kill_all_and_remove()  # also reaches tasks that left the group via setsid
         shutil.rmtree(workdir, ignore_errors=True)
@@ -588,6 +619,8 @@ def check_correctness(
     tests: str,
     entry_point: str | None = None,
     timeout_s: float = 10.0,
+    *,
+    memory_mb: int = 1024,
 ) -> SandboxResult:
     """Run a HumanEval/MBPP-style program followed by its tests; passed iff all asserts hold.
 
@@ -606,7 +639,7 @@ def check_correctness(
         stdin="",
         timeout_s=timeout_s,
         cpu_s=max(1, int(timeout_s) + 1),
-        memory_mb=1024,
+        memory_mb=memory_mb,
         fsize_mb=16,
         nproc=32,
         audit_hooks=True,

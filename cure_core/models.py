@@ -57,8 +57,14 @@ def load_model(name: str, device: str = "cpu", dtype: str = "float32", device_ma
     return model.eval(), path
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
 def load_tokenizer(path: str, required: bool = True):
+    """The checkpoint's tokenizer; with required=False, None when a local folder ships none."""
     from transformers import AutoTokenizer
+    if not required and Path(path).is_dir() and not any((Path(path) / f).exists() for f in TOKENIZER_FILES):
+        return None
     try:
         return AutoTokenizer.from_pretrained(path, local_files_only=True)
     except Exception as e:  # noqa: BLE001

@@ -1,4 +1,4 @@
-"""Tests for cure_cli.datasets: loaders on small fixture files, answer extraction, code extraction."""
+"""Tests for cure_cli.datasets: loaders on fixture files, answer and code extraction."""
 
 from __future__ import annotations
 

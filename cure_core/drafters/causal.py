@@ -122,5 +122,10 @@ class PardDrafter(_CausalDrafter):
             return [[] for _ in prefixes]
         fwd = self.lm.forward(tree.tokens, tree.parents)
         self.lm.rollback()
-        logits = self._logits(fwd.logits)
-        return [logits[s].argmax(-1).tolist() if s else [] for s in spans]
+        flat = [i for span in spans for i in span]
+        toks = self._logits(fwd.logits[flat]).argmax(-1).tolist()   # one argmax over every suffix row
+        out, at = [], 0
+        for span in spans:
+            out.append(toks[at: at + len(span)])
+            at += len(span)
+        return out
