@@ -15,6 +15,10 @@ app = typer.Typer(
 )
 app.command()(generate)
 app.command()(models)
+app.command()(__import__("cure_cli.bench_cmd", fromlist=["bench"]).bench)
+app.command()(__import__("cure_cli.analyze_cmd", fromlist=["analyze"]).analyze)
+app.command("chat")(__import__("cure_cli.chat_cmd", fromlist=["chat"]).chat)
+app.command("inspect")(__import__("cure_cli.inspect_cmd", fromlist=["inspect"]).inspect)
 
 if __name__ == "__main__":
     app()

@@ -27,15 +27,19 @@ def models(as_json: Annotated[bool, typer.Option("--json", help="Print a JSON li
                            "cache_path": str(s.cache_path), "licence": EMBEDDED_MODELS[s.alias].licence,
                            "install": s.pip_hint} for s in rows]))
         return
-    table = Table(title="Embedded models (use the alias as --target / --draft)")
-    for col in ("alias", "model", "installed", "cached", "GGUF", "cache", "licence"):
-        table.add_column(col)
+    table = Table(title="Embedded models (use the alias as --target / --draft; * = default target)")
+    table.add_column("alias", no_wrap=True)
+    table.add_column("model")
+    for col in ("installed", "cached", "GGUF", "cache"):
+        table.add_column(col, no_wrap=True)
     for s in rows:
-        alias = s.alias + (" (default)" if s.alias == DEFAULT_TARGET else "")
+        alias = s.alias + (" *" if s.alias == DEFAULT_TARGET else "")
         table.add_row(alias, s.hf_name, "yes" if s.installed else "no", "yes" if s.cached else "no",
-                      _mb(s.gguf_size), _mb(s.cache_size), EMBEDDED_MODELS[s.alias].licence)
+                      _mb(s.gguf_size), _mb(s.cache_size))
     console = Console()
     console.print(table)
+    for s in rows:
+        console.print(f"[dim]{s.alias}: {EMBEDDED_MODELS[s.alias].licence}[/]", highlight=False)
     for s in rows:
         if not s.installed:
             console.print(f"[dim]{s.alias}: {s.pip_hint}[/]", highlight=False)

@@ -12,11 +12,11 @@ What is guarded, and by what:
   - CPU time (RLIMIT_CPU), address space (RLIMIT_AS), file size (RLIMIT_FSIZE), no core dumps.
   - Wall clock: the parent SIGKILLs the process group on timeout, and again after every normal
     exit so stragglers die too.
-  - Process count: RLIMIT_NPROC is set, but the kernel ignores it for root (our case), so where
+  - Process count: RLIMIT_NPROC (non-root only: the kernel ignores it for root), and where
     a writable ``pids`` cgroup controller exists (v1 or v2) each run gets its own cgroup with
     ``pids.max = nproc``; every task in it is SIGKILLed at the end (this also catches children
-    that called ``setsid`` to leave the process group). Without that controller, the process
-    count rests on the audit hook below.
+    that called ``setsid`` to leave the process group). As root without that controller, the
+    process count rests on the audit hook below.
   - Network: best effort, the child moves into a fresh network namespace (no interface up)
     when it has CAP_SYS_ADMIN; otherwise only the audit hook blocks sockets.
 * Guarded by a ``sys.addaudithook`` hook installed before the sample runs (holds against
@@ -419,6 +419,30 @@ _SYSTEM_READ_ROOTS = (
 )
 
 
+def _nproc_rlimit(nproc: int) -> list[tuple[str, int, int]]:
+    """RLIMIT_NPROC allowing ``nproc`` more tasks than this user already runs.
+
+    Rule: the kernel counts every task of the real uid (not just the sample's), so the limit
+    is offset by the current count; for root it is ignored by the kernel and left unset.
+    """
+    if os.geteuid() == 0:
+        return []
+    uid = str(os.getuid())
+    running = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+            if fields.get("Uid", "").split()[:1] == [uid]:
+                running += int(fields.get("Threads", "1"))
+        except (OSError, ValueError):
+            continue
+    limit = running + nproc
+    return [("RLIMIT_NPROC", limit, limit)]
+
+
 def _child_env(workdir: str) -> dict[str, str]:
     # Rule: nothing inherited from the parent environment (no tokens, no PYTHON* variables).
     return {
@@ -498,7 +522,7 @@ def _execute(
                 ("RLIMIT_CPU", cpu_s, cpu_s + 1),  # SIGXCPU at the soft limit, SIGKILL 1 s later
                 ("RLIMIT_AS", memory_mb * mb, memory_mb * mb),
                 ("RLIMIT_FSIZE", fsize_mb * mb, fsize_mb * mb),
-                ("RLIMIT_NPROC", nproc, nproc),
+                *_nproc_rlimit(nproc),
                 ("RLIMIT_CORE", 0, 0),
             ],
             "unshare_net": True,

@@ -151,7 +151,10 @@ def _part_file(package: str, version: str, suffix: str) -> Path | None:
         return None
     found = [Path(str(f.locate())) for f in (dist.files or ()) if str(f).endswith(suffix)]
     if not found:
-        spec = importlib.util.find_spec(package.replace("-", "_"))
+        try:
+            spec = importlib.util.find_spec(package.replace("-", "_"))
+        except (ImportError, ValueError):
+            spec = None
         if spec is not None and spec.submodule_search_locations:
             for loc in spec.submodule_search_locations:
                 found += sorted(Path(loc).rglob(f"*{suffix}"))
@@ -282,21 +285,31 @@ def _rich_progress(description: str) -> Iterator[ProgressFn]:
         yield update
 
 
+@contextlib.contextmanager
+def _hf_progress_bars(enabled: bool) -> Iterator[None]:
+    """transformers draws its own tqdm bars (de-quantizing, writing shards): follow `progress`."""
+    from transformers.utils import logging as hf_logging
+    were_on = hf_logging.is_progress_bar_enabled()
+    if not enabled:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if were_on:
+            hf_logging.enable_progress_bar()
+
+
 def _convert(model: EmbeddedModel, gguf: Path, out_dir: Path, progress: bool) -> dict:
     """Dequantize `gguf` with transformers and save an fp16 HF folder into `out_dir`.
 
-    Returns facts for the marker. fp16, not bf16: bf16 rounding changes greedy output, fp16
-    round-trips these dequantized weights closely enough to keep it (checked on 32 tokens).
+    Returns facts for the marker. fp16, not bf16: bf16 rounding changes greedy output; fp16
+    keeps it (not bit-exact: checked equal on 32 greedy tokens against the GGUF loaded in fp32).
     """
     import torch
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, GgufConfig
-    from transformers.utils import logging as hf_logging
 
-    bars_were_on = hf_logging.is_progress_bar_enabled()
-    if not progress:                # transformers draws its own "de-quantizing" bar: follow `progress`
-        hf_logging.disable_progress_bar()
-    try:
+    with _hf_progress_bars(progress):
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         # dequantize=True: always unpack into plain dense weights. Without it, transformers keeps
         # the blocks packed (GgufLinear, not serializable) for architectures it has kernels for
@@ -304,30 +317,28 @@ def _convert(model: EmbeddedModel, gguf: Path, out_dir: Path, progress: bool) ->
         lm = AutoModelForCausalLM.from_pretrained(
             gguf.parent, gguf_file=gguf.name, dtype=torch.float16,
             quantization_config=GgufConfig(dequantize=True))
-    finally:
-        if bars_were_on:
-            hf_logging.enable_progress_bar()
 
-    # The loaded config remembers the GGUF (quant_method "gguf"); a saved folder carrying that
-    # would send later loads back to a GGUF file that no longer exists. It is plain fp16 now.
-    if hasattr(lm.config, "quantization_config"):
-        del lm.config.quantization_config
-    lm.hf_quantizer = None
-    lm.config._name_or_path = model.hf_name
+        # The loaded config remembers the GGUF (quant_method "gguf"); a saved folder carrying that
+        # would send later loads back to a GGUF file that no longer exists. It is plain fp16 now.
+        if hasattr(lm.config, "quantization_config"):
+            del lm.config.quantization_config
+        lm.hf_quantizer = None
+        lm.config._name_or_path = model.hf_name
 
-    # Rule: stop on every end token of the chat format (<|im_end|> ends a turn, <|endoftext|> a
-    # document); the GGUF only names one. No sampling defaults (the upstream instruct config
-    # samples with a repetition penalty): greedy is the reference output a lossless engine must
-    # reproduce, so a plain generate() on this folder must be greedy too.
-    eos_ids = [tok.convert_tokens_to_ids(t) for t in model.eos_tokens]
-    if any(i is None or i == tok.unk_token_id for i in eos_ids):
-        raise EmbeddedModelError(f"{model.alias}: end tokens {model.eos_tokens} not all in the vocabulary")
-    pad = tok.pad_token_id if tok.pad_token_id is not None else eos_ids[-1]
-    lm.generation_config = GenerationConfig(
-        bos_token_id=lm.config.bos_token_id, eos_token_id=eos_ids, pad_token_id=pad)
+        # Rule: stop on every end token of the chat format (<|im_end|> ends a turn, <|endoftext|> a
+        # document); the GGUF only names one. No sampling defaults (the upstream instruct config
+        # samples with a repetition penalty): greedy is the reference output a lossless engine must
+        # reproduce, so a plain generate() on this folder must be greedy too.
+        vocab = tok.get_vocab()         # (not unk_token_id: SmolLM2's unk *is* <|endoftext|>)
+        if not all(t in vocab for t in model.eos_tokens):
+            raise EmbeddedModelError(f"{model.alias}: end tokens {model.eos_tokens} not all in the vocabulary")
+        eos_ids = [vocab[t] for t in model.eos_tokens]
+        pad = tok.pad_token_id if tok.pad_token_id is not None else eos_ids[-1]
+        lm.generation_config = GenerationConfig(
+            bos_token_id=lm.config.bos_token_id, eos_token_id=eos_ids, pad_token_id=pad)
 
-    lm.save_pretrained(out_dir)     # safetensors, in the dtype loaded (fp16)
-    tok.save_pretrained(out_dir)    # tokenizer.json + chat template (chat_template.jinja) from the GGUF
+        lm.save_pretrained(out_dir)     # safetensors, in the dtype loaded (fp16)
+        tok.save_pretrained(out_dir)    # tokenizer.json + chat_template.jinja, from the GGUF
     return {
         "chat_template": bool(tok.chat_template),
         "eos_token_id": eos_ids,
@@ -377,7 +388,7 @@ def ensure_cached(alias: str, cache_dir: Path | str | None = None, progress: boo
         for f in build.iterdir():
             os.chmod(f, 0o644)
         (build / MARKER).write_text(json.dumps(marker, indent=2) + "\n")   # written last
-        if final.exists():          # an incomplete leftover (no marker): replace it
+        if final.exists() and not _is_complete(final, model):   # a leftover without a good marker
             shutil.rmtree(final)
         try:
             os.rename(build, final)

@@ -69,6 +69,13 @@ class Engine:
         return time.perf_counter()
 
     def generate(self, prompt_ids: Sequence[int]) -> Iterator[Block]:
+        """Yield one Block per target forward until a stop; closing the generator stops early."""
+        try:
+            yield from self._decode(prompt_ids)
+        finally:
+            self.target.reset()          # free the KV cache once the generation ends or is abandoned
+
+    def _decode(self, prompt_ids: Sequence[int]) -> Iterator[Block]:
         cfg, drafter, target = self.cfg, self.drafter, self.target
         prompt = [int(t) for t in prompt_ids]
         limit = self.pair.context_limit
@@ -142,7 +149,9 @@ class Engine:
                 resync=Resync(mode=("winner" if cfg.resync else "branch0") if drafter is not None else "none",
                               tokens=tuple(resync_tokens)),
                 timings=Timings(prefill_ms=prefill_ms if index == 0 else 0.0,
-                                draft_ms=(t_tree - t_draft) * 1e3, tree_ms=(t_tree_end - t_tree) * 1e3,
+                                # re-drafting repair suffixes is drafter compute: it counts as draft time
+                                draft_ms=(t_tree - t_draft) * 1e3 + plan.redraft_ms,
+                                tree_ms=(t_tree_end - t_tree) * 1e3 - plan.redraft_ms,
                                 verify_ms=(t_verify - t_tree_end) * 1e3, commit_ms=(t_commit - t_verify) * 1e3),
                 stop=stop)
             new += len(emitted)

@@ -112,15 +112,16 @@ class CachedLM:
             # Fast path: the kept chain is a prefix of the scratch rows; crop the rest.
             self._crop(self.committed + len(keep))
         else:
-            idx = torch.tensor(list(range(self.committed)) + [self.committed + i for i in keep],
-                               dtype=torch.long, device=self.device)
+            idx = torch.tensor(list(range(self.committed)) + [self.committed + i for i in keep], dtype=torch.long)
+            on: dict = {}                                           # idx per device (device_map spreads layers)
             for layer in self.cache.layers:
                 if type(layer) is not DynamicLayer:
                     raise NotImplementedError(f"KV compaction does not support {type(layer).__name__} (sliding window)")
                 if not layer.is_initialized:
                     continue
-                layer.keys = layer.keys.index_select(-2, idx)       # [B, H, T, D]
-                layer.values = layer.values.index_select(-2, idx)
+                dev_idx = on.setdefault(layer.keys.device, idx.to(layer.keys.device))
+                layer.keys = layer.keys.index_select(-2, dev_idx)   # [B, H, T, D]
+                layer.values = layer.values.index_select(-2, dev_idx)
         self.committed += len(keep)
         self.scratch_tokens = []
         self.scratch_depth = np.zeros(0, dtype=np.int64)

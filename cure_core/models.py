@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from .drafters.causal import ArDrafter, PardDrafter
+from .drafters.dflash import is_dflash_config, load_dflash
 from .engine import ModelPair
 from .errors import ModelLoadError
 
@@ -24,8 +25,11 @@ class LoadedPair:
 
 def resolve(name: str) -> str:
     """An embedded alias (see `cure models`) becomes its cached local folder; anything else is kept."""
-    from .embedded import resolve_model_path
-    return str(resolve_model_path(name))
+    from .embedded import EmbeddedModelError, resolve_model_path
+    try:
+        return str(resolve_model_path(name))
+    except EmbeddedModelError as e:
+        raise ModelLoadError(str(e)) from None
 
 
 def load_model(name: str, device: str = "cpu", dtype: str = "float32", device_map: str | None = None):
@@ -91,8 +95,7 @@ def detect_drafter(model, kind: str, mask_token_id: int | None) -> tuple[str, in
     declares a DFlash architecture; anything else drafts autoregressively."""
     cfg = model.config
     if kind == "auto":
-        archs = " ".join(getattr(cfg, "architectures", None) or [])
-        if "DFlash" in archs:
+        if is_dflash_config(cfg):
             kind = "dflash"
         elif mask_token_id is not None or getattr(cfg, "pard_token", None) is not None:
             kind = "pard"
@@ -103,10 +106,28 @@ def detect_drafter(model, kind: str, mask_token_id: int | None) -> tuple[str, in
         if mask_token_id is None:
             raise ModelLoadError("a PARD drafter needs its mask token id: pass --mask-token-id "
                                  "(or use a checkpoint whose config has pard_token)")
-    if kind == "dflash":
-        raise ModelLoadError("DFlash drafters are not supported yet (tracked in the models issue); "
-                             "use --drafter pard or ar")
+    if kind == "dflash" and not is_dflash_config(cfg):
+        raise ModelLoadError("--drafter dflash needs a DFlash checkpoint (a config with a DFlash architecture "
+                             "or a dflash_config section)")
     return kind, mask_token_id
+
+
+def _draft_folder_config(name: str) -> tuple[str, dict | None]:
+    """(local folder, parsed config.json) of a draft checkpoint, or (resolved name, None) when it cannot
+    be read here (load_model then reports why)."""
+    import json
+    path = resolve(name)
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        try:
+            from huggingface_hub import snapshot_download
+            folder = Path(snapshot_download(path, local_files_only=True))
+        except Exception:  # noqa: BLE001 - not in the local cache: load_model gives the clear error
+            return path, None
+    try:
+        return str(folder), json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return path, None
 
 
 def load_pair(target: str, draft: str | None = None, *, drafter: str = "auto", mask_token_id: int | None = None,
@@ -120,7 +141,16 @@ def load_pair(target: str, draft: str | None = None, *, drafter: str = "auto", m
     names = {"target": target}
     block_drafter, ar_drafter, kind = None, None, None
     draft_device = device if not device_map else str(next(tmodel.parameters()).device)
-    if draft:
+    dfolder, dcfg = _draft_folder_config(draft) if draft else (None, None)
+    if draft and dcfg is not None and is_dflash_config(dcfg) and drafter not in ("auto", "dflash"):
+        raise ModelLoadError(f"{draft!r} is a DFlash drafter, not a causal LM; use --drafter dflash (or auto)")
+    if draft and dcfg is not None and is_dflash_config(dcfg):
+        # A DFlash checkpoint is not a causal LM: its own layers, the target's embedding and lm_head.
+        check_tokenizers_match(tok, load_tokenizer(dfolder, required=False), draft)
+        block_drafter = load_dflash(dfolder, tmodel, vocab_size=vocab)
+        kind = "dflash"
+        names["draft"] = draft
+    elif draft:
         dmodel, dpath = load_model(draft, draft_device, dtype)
         check_tokenizers_match(tok, load_tokenizer(dpath, required=False), draft)
         kind, mask_token_id = detect_drafter(dmodel, drafter, mask_token_id)

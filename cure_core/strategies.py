@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import time
 from dataclasses import dataclass
 
 from .block import UFP
@@ -22,6 +23,7 @@ from .tree import DraftTree
 class TreePlan:
     tree: DraftTree
     ufps: tuple[UFP, ...] = ()
+    redraft_ms: float = 0.0       # drafter compute spent re-drafting repair suffixes (cure only)
 
 
 def build_tree(cfg: DecodeConfig, proposal: Proposal | None, drafter: Drafter | None) -> TreePlan:
@@ -64,7 +66,9 @@ def build_cure_tree(cfg: DecodeConfig, proposal: Proposal, drafter: Drafter) -> 
             lengths.append(n - pos - 1)                       # re-draft down to the block's depth
             owners.append(pos)
         ufps.append((pos, margin, budget, tuple(alts)))
+    t0 = time.perf_counter()
     suffixes = drafter.redraft(prefixes, lengths) if prefixes else []
+    redraft_ms = (time.perf_counter() - t0) * 1e3
     # Step 5: trie merge under the budget. Branch 0 goes in first and whole (the budget never cuts
     # it); repair branches follow in UFP order, most probable substitute first.
     tree = DraftTree()
@@ -80,7 +84,7 @@ def build_cure_tree(cfg: DecodeConfig, proposal: Proposal, drafter: Drafter) -> 
         if len(path) > pos:                                   # the substituted token made it in
             grafted.setdefault(pos, []).append(prefix[-1])
     return TreePlan(tree, tuple(UFP(position=p, margin=m, budget=b, alternatives=tuple(grafted.get(p, ())))
-                                for p, m, b, _ in ufps))
+                                for p, m, b, _ in ufps), redraft_ms=redraft_ms)
 
 
 def build_ddtree(cfg: DecodeConfig, proposal: Proposal) -> DraftTree:

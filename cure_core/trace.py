@@ -105,6 +105,9 @@ class TraceWriter:
         self._write({"type": "footer", "status": status, "generations": self._gen + 1,
                      "blocks": len(self._all), "summary": summary})
         self._f.close()
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(self._tmp, 0o666 & ~umask)          # mkstemp made it 0600; give it a normal file's mode
         os.replace(self._tmp, self.path)
         return self.path
 

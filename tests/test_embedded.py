@@ -387,3 +387,31 @@ def test_real_default_model_generates_fibonacci():
     text = tok.decode(out[0, ids.shape[1]:])
     # Measured: '\n    if n <= 0:\n        return "Invalid input"...'
     assert text.startswith("\n    if n <= 0:"), text
+
+
+def test_locator_falls_back_to_package_folder_without_record(site):
+    # A distribution installed without RECORD: the part is found through find_spec's folder,
+    # still without importing the package (its __init__ raises).
+    pkgs = make_part_packages(site, "fknorec", CHUNKS)
+    for info in site.glob("fknorec_part*.dist-info"):
+        (info / "RECORD").unlink()
+    assert [p.read_bytes() for p in locate_parts(fake_model(pkgs, PAYLOAD))] == CHUNKS
+
+
+def test_concurrent_builder_finishing_first_is_kept(site, tmp_path, registry, monkeypatch):
+    # Another process completes the same cache while we convert: its folder is kept, ours dropped.
+    pkgs = make_part_packages(site, "fkrace", CHUNKS)
+    model = registry(fake_model(pkgs, PAYLOAD))
+    cache = tmp_path / "cache"
+    final = cache / model.alias
+
+    def convert(model_, gguf, out_dir, progress):
+        final.mkdir()
+        (final / "config.json").write_text("theirs")
+        (final / MARKER).write_text(json.dumps({"sha256": model_.sha256}))
+        (out_dir / "config.json").write_text("ours")
+        return {}
+    monkeypatch.setattr(embedded, "_convert", convert)
+    assert ensure_cached(model.alias, cache, progress=False) == final
+    assert (final / "config.json").read_text() == "theirs"
+    assert [p.name for p in cache.iterdir()] == [model.alias]

@@ -246,3 +246,11 @@ def test_check_stdio_and_functional() -> None:
     wrong = solution.replace("sum(nums) if", "len(nums) if")
     result = check_functional(wrong, fcases, "total")
     assert result.status == "failed" and "case 1/2" in result.stderr_tail
+
+
+def test_nproc_rlimit_is_offset_for_non_root(monkeypatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    ((name, soft, hard),) = sandbox._nproc_rlimit(8)
+    assert name == "RLIMIT_NPROC" and soft == hard and soft >= 8 + 1  # this process counts too
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert sandbox._nproc_rlimit(8) == []

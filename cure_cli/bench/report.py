@@ -1,0 +1,195 @@
+"""Benchmark output: results.json, samples.jsonl and the rich tables printed at the end."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Sequence
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from .runner import PairResult, RunSpec
+
+RESULTS_SCHEMA = 1
+RESULTS_FILE = "results.json"
+SAMPLES_FILE = "samples.jsonl"
+TRACE_FILE = "trace.jsonl"
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.part")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def per_prompt_rows(pairs: Sequence[PairResult]) -> list[dict]:
+    rows = []
+    for p in sorted(pairs, key=lambda x: (x.prompt_index, x.run)):
+        new = len(p.token_ids)
+        decode = sum(b.timings.total_ms for b in p.blocks)
+        rows.append({"prompt_index": p.prompt_index, "task_id": p.task_id, "run": p.run, "new_tokens": new,
+                     "blocks": len(p.blocks), "tau": new / len(p.blocks) if p.blocks else 0.0,
+                     "tpot_ms": decode / new if new else 0.0,
+                     "prefill_ms": sum(b.timings.prefill_ms for b in p.blocks),
+                     "stop": p.blocks[-1].stop if p.blocks else None,
+                     "passed": p.score.get("passed") if p.score else None})
+    return rows
+
+
+def build_results(*, status: str, dataset: str, data_path: str | None, limit: int | None, prompts: int,
+                  models: dict, versions: dict, device: dict, base_config: dict, runs: Sequence[RunSpec],
+                  order: str, warmup: int, chat: bool, computed: dict, scoring: dict, skipped: list[dict],
+                  pairs: Sequence[PairResult], output_dir: Path, skipped_prompts: Sequence[str] = ()) -> dict:
+    return {
+        "schema": RESULTS_SCHEMA,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "status": status,                                # complete | interrupted
+        "output_dir": str(output_dir),
+        "dataset": dataset, "data_path": data_path, "limit": limit, "prompts": prompts, "chat": chat,
+        "models": models, "versions": versions, "device": device,
+        "config": base_config,                           # shared engine settings (temperature, seed, k, ...)
+        "runs": {r.name: r.config.to_dict() for r in runs},
+        "order": order, "warmup": warmup,
+        "skipped": skipped,                              # [{"strategy", "reason"}]: runs that could not run
+        "skipped_prompts": list(skipped_prompts),        # task ids longer than the target's context
+        "finished_pairs": len(pairs),
+        **computed,                                      # compared_prompts, metrics, lossless, ablation
+        "scoring": scoring,                              # {"metric", "note", "runs": {run: {...}|None}}
+        "per_prompt": per_prompt_rows(pairs),
+    }
+
+
+def summary(results: dict) -> dict:
+    """What --json prints: results.json without the per-prompt rows."""
+    return {k: v for k, v in results.items() if k != "per_prompt"}
+
+
+def write_outputs(out_dir: Path, results: dict, pairs: Sequence[PairResult]) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _write_atomic(out_dir / RESULTS_FILE, json.dumps(results, indent=2) + "\n")
+    lines = [json.dumps({"task_id": p.task_id, "completion": p.completion, "strategy": p.run})
+             for p in sorted(pairs, key=lambda x: (x.prompt_index, x.run))]
+    _write_atomic(out_dir / SAMPLES_FILE, "".join(line + "\n" for line in lines))
+
+
+# ---------------------------------------------------------------- tables
+
+def _f(x, fmt: str = "{:.2f}", none: str = "-") -> str:
+    return none if x is None else fmt.format(x)
+
+
+def _table(title: str, *cols: tuple[str, str]) -> Table:
+    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False,
+              title_style="bold")
+    for name, just in cols:
+        t.add_column(name, justify=just, no_wrap=(name == "run"))
+    return t
+
+
+def print_tables(console: Console, results: dict) -> None:
+    metrics: dict = results["metrics"]
+    names = list(metrics)
+    n = results["compared_prompts"]
+    with_sd = "sd" in metrics
+    title = (f"cure bench {results['dataset']}: {n} prompt(s), temperature {results['config']['temperature']}, "
+             f"seed {results['config']['seed']}, K={results['config']['k']}, {results['device']['device']} "
+             f"{results['device']['dtype']}")
+    cols = [("run", "left"), ("tau", "right"), ("TPOT ms", "right"), ("tok/s", "right"), ("x ar", "right")]
+    cols += [("x sd", "right")] if with_sd else []
+    cols += [("match vs ar", "right")]
+    t = _table(title, *cols)
+    for name in names:
+        m = metrics[name]
+        match = m["match_vs_ar"]
+        match_s = "-" if match is None else ("100%" if match == 1.0 else f"[bold red]{match:.1%}[/]")
+        row = [name, f"{m['tau']:.2f}", f"{m['tpot_ms']:.1f}", f"{m['tokens_per_s']:.1f}",
+               _f(m["speedup_vs_ar"], "{:.2f}x")]
+        row += [_f(m["speedup_vs_sd"], "{:.2f}x")] if with_sd else []
+        row += [match_s]
+        t.add_row(*row)
+    console.print(t)
+
+    t = _table("trees", ("run", "left"), ("repair win", "right"), ("extra tokens", "right"),
+               ("blocks with UFP", "right"), ("tree mean", "right"), ("tree max", "right"))
+    for name in names:
+        m = metrics[name]
+        t.add_row(name, f"{m['repair_win_rate']:.1%}", str(m["extra_tokens"]), str(m["blocks_with_ufp"]),
+                  f"{m['mean_tree_size']:.1f}", str(m["max_tree_size"]))
+    console.print(t)
+
+    t = _table("time split (share of decode time; prefill excluded)", ("run", "left"), ("ms/block", "right"),
+               ("draft", "right"), ("tree", "right"), ("verify", "right"), ("commit", "right"))
+    for name in names:
+        m = metrics[name]
+        sp = m["time_split"]
+        t.add_row(name, f"{m['ms_per_block']:.1f}", *(f"{sp[k]:.0%}" for k in ("draft", "tree", "verify", "commit")))
+    console.print(t)
+
+    accept = {k: v["per_position_acceptance"] for k, v in metrics.items() if v["per_position_acceptance"]}
+    if accept:
+        depth = max(len(v) for v in accept.values())
+        name_w = max(len(k) for k in accept)
+        shown = max(1, min(depth, (console.width - name_w - 1) // 5))
+        more = f"; d{shown + 1}-d{depth} in results.json" if shown < depth else ""
+        t = _table(f"per-position acceptance, % (winning path reached depth d{more})", ("run", "left"),
+                   *((f"d{d}", "right") for d in range(1, shown + 1)))
+        for name, rates in accept.items():
+            t.add_row(name, *(f"{100 * r:.0f}" for r in rates[:shown]))
+        console.print(t)
+
+    if results.get("ablation"):
+        c = metrics["cure"]
+        t = _table("ablation vs full CURE (paper Table 4; TPOT ratio = run TPOT / cure TPOT)",
+                   *((col, "left" if col == "run" else "right") for col in
+                     ("run", "tau", "d tau", "x ar", "d x ar", "TPOT ms", "TPOT ratio")))
+        t.add_row("cure", f"{c['tau']:.2f}", "", _f(c["speedup_vs_ar"], "{:.2f}x"), "", f"{c['tpot_ms']:.1f}", "1.00")
+        for name, a in results["ablation"].items():
+            t.add_row(name, f"{a['tau']:.2f}", _f(a["delta_tau_pct"], "{:+.1f}%"), _f(a["speedup_vs_ar"], "{:.2f}x"),
+                      _f(a["delta_speedup_pct"], "{:+.1f}%"), f"{a['tpot_ms']:.1f}", _f(a["tpot_ratio_vs_cure"]))
+        console.print(t)
+
+    scoring = results["scoring"]
+    if any(scoring["runs"].values()):
+        t = _table(f"task correctness ({scoring['metric']}, paper Table 3)", ("run", "left"), ("passed", "right"),
+                   ("rate", "right"))
+        for name, s in scoring["runs"].items():
+            t.add_row(name, "-" if not s else f"{s['passed']}/{s['scored']}", "-" if not s else f"{s['rate']:.1%}")
+        console.print(t)
+    if scoring.get("note"):
+        console.print(f"[yellow]note:[/] {scoring['note']}", highlight=False)
+
+    print_lossless(console, results)
+    for s in results.get("skipped", []):
+        console.print(f"[yellow]skipped {s['strategy']}:[/] {s['reason']}", highlight=False)
+    if results["status"] != "complete":
+        console.print(f"[yellow]run {results['status']}: {results['finished_pairs']} finished pair(s) kept; "
+                      f"continue with --resume --output-dir {results['output_dir']}[/]", highlight=False)
+
+
+def print_lossless(console: Console, results: dict) -> None:
+    lossless = results.get("lossless") or {}
+    if not lossless:
+        if "ar" not in results["metrics"]:
+            console.print("[yellow]note:[/] 'ar' did not run: token-level match against ar not checked",
+                          highlight=False)
+        return
+    bad = {k: v for k, v in lossless.items() if v["identical"] < v["prompts"]}
+    if not bad:
+        console.print(f"[green]lossless: every run is token-for-token identical to ar on all "
+                      f"{results['compared_prompts']} prompt(s)[/]", highlight=False)
+        return
+    sampled = results["config"]["temperature"] > 0
+    for name, v in bad.items():
+        first = v["mismatches"][0]
+        msg = (f"{name} differs from ar on {v['prompts'] - v['identical']}/{v['prompts']} prompt(s), token match "
+               f"{v['match_rate']:.1%} (first: {first['task_id']} at token {first['first_diff']})")
+        if sampled:
+            console.print(f"[yellow]note:[/] {msg}; expected at temperature > 0 (lossless in distribution, not "
+                          f"token for token)", highlight=False)
+        else:
+            hint = ("" if results["device"].get("dtype") in ("float32", "fp32") else
+                    f"; reduced precision ({results['device'].get('dtype')}) can flip near-tied argmaxes")
+            console.print(f"[bold red]MISMATCH: {msg}{hint}[/]", highlight=False)

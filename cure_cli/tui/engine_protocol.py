@@ -1,0 +1,175 @@
+"""What the chat app drives: anything that turns a conversation into a stream of Blocks.
+
+`ModelEngine` wraps the real `Engine` + `LoadedPair`; `ReplayEngine` replays the generations of a
+trace file (no model runs: tests, snapshots, demos). Both are used from a worker thread, one call at
+a time; `stream()` is a generator, so closing it early stops a generation cleanly.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Iterator, Protocol, Sequence, runtime_checkable
+
+from cure_core.block import Block
+from cure_core.config import DecodeConfig
+from cure_core.errors import CureError, ModelLoadError
+from cure_core.metrics import summarize
+from cure_core.trace import Trace, read_trace
+
+from .tokens import TokenText
+
+Message = dict  # {"role": "user" | "assistant", "content": str}
+
+
+@runtime_checkable
+class ChatEngine(Protocol):
+    label: str            # one line for the UI: what is decoding
+    models: dict          # trace header "models" (target/draft names)
+    tokens: TokenText     # token ids -> readable text (the target's tokenizer, or ids)
+
+    def encode(self, messages: Sequence[Message]) -> list[int]:
+        """The prompt ids for a conversation whose last message is the user's new turn."""
+
+    def stream(self, messages: Sequence[Message], cfg: DecodeConfig) -> Iterator[Block]:
+        """Blocks of the answer to the conversation, as they are accepted."""
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Answer text for the chat history (specials dropped)."""
+
+    def check(self, cfg: DecodeConfig) -> DecodeConfig:
+        """The config a turn would actually run with; raises CureError if it cannot run."""
+
+    def calibrate(self, cfg: DecodeConfig, tokens: int) -> float | None:
+        """AR tokens/s on the same model (a short greedy run), or None when unknown."""
+
+
+class ModelEngine:
+    """The real thing: `cure_core.engine.Engine` over a loaded target/drafter pair."""
+
+    def __init__(self, loaded, chat: bool | None = None, calibration_prompt: str = "Hello"):
+        from cure_core.drafters.causal import ArDrafter, PardDrafter
+        self.loaded = loaded
+        self.pair = loaded.pair
+        # A PARD drafter is a causal LM: let it double as the chain drafter so `sd` is selectable live.
+        if self.pair.ar_drafter is None and isinstance(self.pair.drafter, PardDrafter):
+            self.pair.ar_drafter = ArDrafter(self.pair.drafter.lm.model, vocab_size=self.pair.drafter.vocab_size)
+        tok = loaded.tokenizer
+        self.chat = chat if chat is not None else bool(getattr(tok, "chat_template", None))
+        self.tokens = TokenText(tok)
+        self.models = dict(self.pair.names)
+        names = self.pair.names
+        self.label = names.get("target", "target") + (f" ← {names['draft']}" if names.get("draft") else "")
+        self.calibration_prompt = calibration_prompt
+        self._lock = threading.Lock()   # one generation at a time: drafters keep state
+
+    def encode(self, messages: Sequence[Message]) -> list[int]:
+        from cure_core.models import encode_prompt
+        tok = self.loaded.tokenizer
+        if not messages:
+            raise CureError("nothing to answer: the conversation is empty")
+        if self.chat:
+            return encode_prompt(tok, messages[-1]["content"], True, history=list(messages[:-1]))
+        # No chat template: the raw turns, one after another.
+        return encode_prompt(tok, "".join(m["content"] for m in messages), False)
+
+    def check(self, cfg: DecodeConfig) -> DecodeConfig:
+        self.pair.drafter_for(cfg.strategy)          # ConfigError if the strategy has no drafter
+        return cfg
+
+    def stream(self, messages: Sequence[Message], cfg: DecodeConfig) -> Iterator[Block]:
+        from cure_core.engine import Engine
+        ids = self.encode(messages)
+        with self._lock:
+            gen = Engine(self.pair, cfg).generate(ids)
+            try:
+                yield from gen
+            finally:
+                gen.close()
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokens.decode(ids)
+
+    def calibrate(self, cfg: DecodeConfig, tokens: int) -> float | None:
+        from cure_core.engine import Engine
+        if tokens <= 0:
+            return None
+        ids = self.encode([{"role": "user", "content": self.calibration_prompt}])
+        ar = cfg.with_(strategy="ar", max_new_tokens=tokens, stop_at_eos=False, temperature=0.0)
+        with self._lock:
+            blocks = list(Engine(self.pair, ar).generate(ids))
+        stats = summarize(blocks)
+        return stats.tokens_per_s or None
+
+
+class ReplayEngine:
+    """Replays a trace: each turn streams the next recorded generation (cycling), whatever was typed.
+    The config of a turn is the recorded one, so panels show what really ran."""
+
+    def __init__(self, trace: Trace | str | Path, tokenizer=None, delay: float = 0.0):
+        self.trace = trace if isinstance(trace, Trace) else read_trace(trace)
+        gens = [g for g in self.trace.generations if g.blocks]
+        if not gens:
+            raise CureError("the trace holds no blocks to replay")
+        self.generations = gens
+        self.tokens = TokenText(tokenizer)
+        self.models = dict(self.trace.header.get("models") or {})
+        self.label = "replay of " + (self.models.get("target") or "a trace")
+        self.delay = delay
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def _peek(self):
+        return self.generations[self._next % len(self.generations)]
+
+    def encode(self, messages: Sequence[Message]) -> list[int]:
+        return list(self._peek().prompt_ids)
+
+    def check(self, cfg: DecodeConfig) -> DecodeConfig:
+        conf = {k: v for k, v in self._peek().config.items() if k in DecodeConfig.__dataclass_fields__}
+        try:
+            return DecodeConfig(**conf) if conf else cfg.with_(strategy=self._peek().strategy)
+        except (TypeError, CureError):
+            return cfg
+
+    def stream(self, messages: Sequence[Message], cfg: DecodeConfig) -> Iterator[Block]:
+        with self._lock:
+            gen = self._peek()
+            self._next += 1
+        for block in gen.blocks:
+            if self.delay:
+                time.sleep(self.delay)
+            yield block
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokens.decode(ids)
+
+    def calibrate(self, cfg: DecodeConfig, tokens: int) -> float | None:
+        """An `ar` generation recorded in the same trace gives the baseline; else unknown."""
+        ar = [b for g in self.trace.generations if g.strategy == "ar" for b in g.blocks]
+        return (summarize(ar).tokens_per_s or None) if ar else None
+
+
+def load_trace_tokenizer(models: dict, explicit: str | None = None):
+    """The tokenizer for a trace: `explicit` (a folder / HF id) if given, else the header's target when
+    it loads offline (a local folder, the HF cache, or an already-built embedded alias). None if not."""
+    from cure_core.models import load_tokenizer
+    if explicit:
+        tok = load_tokenizer(explicit, required=False)
+        if tok is None:
+            raise ModelLoadError(f"no usable tokenizer in {explicit}")
+        return tok
+    name = (models or {}).get("target")
+    if not name:
+        return None
+    try:
+        from cure_core.embedded import EMBEDDED_MODELS, model_status
+        if name in EMBEDDED_MODELS:
+            st = model_status(name)
+            return load_tokenizer(str(st.cache_path), required=False) if st.cached else None
+    except Exception:  # noqa: BLE001 - a broken cache must not stop inspect
+        return None
+    p = Path(name).expanduser()
+    if name.startswith((".", "/", "~")) and not p.is_dir():
+        return None
+    return load_tokenizer(str(p) if p.is_dir() else name, required=False)

@@ -1,0 +1,500 @@
+"""The panels both apps share: Repair tree, Margins bar chart, Stats with a sparkline, and the
+answer text coloured by where each token came from.
+
+Every panel is drawn from Block records only (plus a TokenText for readable tokens), so chat (live)
+and inspect (a trace) show exactly the same thing for the same block. Nothing relies on colour alone:
+accepted / rejected / unreached nodes carry ✓ / ✗ / ·, the winning branch a ★, UFPs a ◆ / ▲.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from rich.style import Style
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import ScrollableContainer
+from textual.widget import Widget
+from textual.widgets import Static
+
+from cure_core.block import Block
+from cure_core.metrics import summarize
+
+from .tokens import PieceStream, TokenText
+
+# ---- token origins (Conversation / Text colouring) ----------------------------------------------
+
+ORIGIN_STYLES = {
+    "branch0": Style(color="green"),
+    "repair": Style(color="magenta", bold=True, underline=True),
+    "bonus": Style(color="cyan", italic=True),
+}
+ORIGIN_NAMES = {"branch0": "branch 0", "repair": "repair", "bonus": "bonus"}
+CURRENT_BLOCK = Style(reverse=True)
+
+
+def token_origins(block: Block) -> list[str]:
+    """Origin of each emitted token: 'branch0' (drafted block), 'repair' (a repair branch's node) or
+    'bonus' (the target's own token after the winning path)."""
+    out = []
+    for j, _ in enumerate(block.emitted):
+        if j < len(block.accepted):
+            out.append("branch0" if block.nodes[block.accepted[j]].branch == 0 else "repair")
+        else:
+            out.append("bonus")
+    return out
+
+
+def origin_legend() -> Text:
+    t = Text()
+    for key in ("branch0", "repair", "bonus"):
+        if t:
+            t.append(" ")
+        t.append(ORIGIN_NAMES[key], ORIGIN_STYLES[key])
+    return t
+
+
+class AnswerText:
+    """A growing, coloured answer: blocks are appended as they arrive; each token keeps its block so
+    one block can be highlighted (inspect) or clicked (chat: select it for the tree)."""
+
+    def __init__(self, tokens: TokenText, click_action: str | None = None):
+        self.tokens = tokens
+        self.stream: PieceStream = tokens.stream()
+        self.pieces: list[tuple[str, str, int]] = []     # (text, origin, block key)
+        self.click_action = click_action
+
+    def add_block(self, block: Block, key: int) -> None:
+        for tok, origin in zip(block.emitted, token_origins(block)):
+            piece = self.stream.push(tok)
+            if piece:
+                self.pieces.append((piece, origin, key))
+
+    def finish(self) -> None:
+        rest = self.stream.flush()
+        if rest:
+            key = self.pieces[-1][2] if self.pieces else -1
+            self.pieces.append((rest, "bonus", key))
+
+    def render(self, highlight: int | None = None, upto: int | None = None) -> Text:
+        """The answer; the block `highlight` reversed; only blocks up to `upto` when given."""
+        text = Text()
+        for piece, origin, key in self.pieces:
+            if upto is not None and key > upto:
+                break
+            style = ORIGIN_STYLES[origin]
+            if highlight is not None and key == highlight:
+                style = style + CURRENT_BLOCK
+            if self.click_action:
+                style = style + Style(meta={"@click": f"{self.click_action}({key})"})
+            text.append(piece, style)
+        return text
+
+
+# ---- Repair tree ---------------------------------------------------------------------------------
+
+MARK = {"acc": "✓", "rej": "✗", "skip": "·"}
+NODE_STYLES = {"acc": Style(color="green", bold=True), "rej": Style(color="red"), "skip": Style(dim=True)}
+
+
+def node_states(block: Block) -> list[str]:
+    """acc: on the winning path; rej: verified (parent accepted) but the target disagreed;
+    skip: below a rejected node, never compared."""
+    out = []
+    for n in block.nodes:
+        if n.accepted:
+            out.append("acc")
+        elif n.parent == -1 or block.nodes[n.parent].accepted:
+            out.append("rej")
+        else:
+            out.append("skip")
+    return out
+
+
+def branch_name(b: int) -> str:
+    return "b0" if b == 0 else f"r{b}"
+
+
+def render_tree(block: Block | None, tokens: TokenText, cell: int = 8) -> Text:
+    """Branch 0 and each repair branch as columns, depth as rows; ✓ accepted (bold), ✗ rejected,
+    · not reached (dim); the winner's column ★; UFP rows ◆ with margin and budget."""
+    t = Text(no_wrap=True, overflow="ignore")
+    if block is None:
+        t.append("no block yet: type a prompt and press Enter", Style(dim=True))
+        return t
+    lab = tokens.label
+    t.append(f"block {block.index}", Style(bold=True))
+    t.append(f" · {block.strategy} · V {block.tree_size} · root ")
+    t.append(lab(block.root, 12), Style(bold=True))
+    t.append("\n")
+    a = block.accept_length
+    winner = block.winner if a else None
+    t.append(f"accepted {a}", NODE_STYLES["acc"] if a else Style())
+    t.append(" +bonus ")
+    t.append(lab(block.bonus, 12), ORIGIN_STYLES["bonus"])
+    if not block.nodes:
+        why = "ar drafts nothing" if block.strategy == "ar" else "nothing drafted (no room left)"
+        t.append(f"\nno draft tree: {why}; the target emits one token", Style(dim=True))
+        return t
+    if winner is not None:
+        won = block.repair_won
+        t.append(" · ")
+        t.append(f"★{branch_name(winner)}", Style(bold=True, reverse=won, color="magenta" if won else "green"))
+        if won:
+            t.append(f" +{block.delta_a} vs b0", Style(color="magenta", bold=True))
+    else:
+        t.append(" · none accepted", Style(color="red"))
+    ufp_depths = {}
+    for u in block.ufps:
+        ufp_depths[u.position + 1] = u
+        t.append("\n◆ ", Style(color="yellow", bold=True))
+        t.append(f"UFP d{u.position + 1} m={u.margin:.2f} b={u.budget}", Style(color="yellow"))
+        if u.alternatives:
+            t.append(" alts " + " ".join(lab(c, 6) for c in u.alternatives), Style(dim=True))
+
+    states = node_states(block)
+    branches = sorted({n.branch for n in block.nodes})
+    cols: dict[int, dict[int, list[int]]] = {b: {} for b in branches}
+    for i, n in enumerate(block.nodes):
+        cols[n.branch].setdefault(n.depth, []).append(i)
+    fork = {b: min(cols[b]) for b in branches}
+    max_depth = max(n.depth for n in block.nodes)
+    width = min(cell, max((len(lab(n.token)) for n in block.nodes), default=1)) + 1   # marker + token
+    width = max(width, 3)
+
+    t.append("\n    ")
+    for b in branches:
+        name = branch_name(b) + ("★" if b == winner else "")
+        style = Style(bold=True, reverse=True) if b == winner else Style(bold=True, dim=b != 0 and b != winner)
+        t.append(name.ljust(width)[:width], style)
+        t.append(" ")
+    for d in range(1, max_depth + 1):
+        t.append("\n")
+        u = ufp_depths.get(d)
+        t.append(f"{d:>3}", Style(dim=u is None))
+        t.append("◆" if u else " ", Style(color="yellow", bold=True))
+        for b in branches:
+            own = cols[b].get(d)
+            if own:
+                i = own[0]
+                st = states[i]
+                body = MARK[st] + lab(block.nodes[i].token, width - 1)
+                style = NODE_STYLES[st]
+                if st == "acc" and block.nodes[i].branch != 0:
+                    style = style + Style(color="magenta")
+                t.append(body.ljust(width), style)
+            elif d < fork[b]:
+                t.append("┆".ljust(width), Style(dim=True))
+            else:
+                t.append(" " * width)
+            t.append(" ")
+    return t
+
+
+TREE_LEGEND = "✓ accepted ✗ rejected · not reached ★ winner"
+TREE_LEGEND_SHORT = "✓ acc ✗ rej · skip ★ win"
+
+
+def tree_legend(width: int) -> str:
+    return TREE_LEGEND if width >= len(TREE_LEGEND) + 6 else TREE_LEGEND_SHORT
+
+
+class RepairTree(ScrollableContainer):
+    """Scrollable (both ways) view of one block's tree."""
+
+    DEFAULT_CSS = """
+    RepairTree { height: 1fr; }
+    RepairTree > Static { width: auto; height: auto; }
+    """
+
+    def __init__(self, tokens: TokenText, **kwargs):
+        super().__init__(**kwargs)
+        self.tokens = tokens
+        self.block: Block | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Static(render_tree(None, self.tokens), id="tree-body")
+
+    def show(self, block: Block | None) -> None:
+        if block is self.block and block is not None:
+            return
+        self.block = block
+        self.query_one("#tree-body", Static).update(render_tree(block, self.tokens))
+
+
+# ---- Margins -------------------------------------------------------------------------------------
+
+BARS = " ▁▂▃▄▅▆▇█"
+
+
+def render_margins(block: Block | None, tau: float, width: int, height: int) -> Text:
+    """Vertical bars, one per drafted position: the top1-top2 draft log-prob margin, with the
+    tau_margin threshold as a dashed line; positions under it in yellow, chosen UFPs red and ▲."""
+    t = Text(no_wrap=True, overflow="crop")
+    if block is None or not block.margins:
+        why = "no block yet" if block is None else f"{block.strategy}: no draft margins"
+        t.append(why, Style(dim=True))
+        return t
+    margins = list(block.margins)
+    ufps = {u.position: u for u in block.ufps}
+    axis = 5
+    n = len(margins)
+    step = 2 if axis + 2 * n <= width else 1
+    shown = min(n, max(1, (width - axis) // step))
+    rows = max(1, height - 2)
+    finite = [m for m in margins if math.isfinite(m)]
+    top = max(finite, default=1.0)
+    if tau > 0:
+        top = max(tau * 2.0, min(top, tau * 4.0))
+    top = top or 1.0
+    tau_row = None
+    if tau > 0:
+        tau_row = min(rows - 1, int(tau / top * rows))     # rows counted from the bottom
+    for r in range(rows - 1, -1, -1):
+        if r == tau_row:
+            t.append(" τ  ┤", Style(color="yellow"))
+        elif r == rows - 1:
+            t.append(f"{top:4.1f}"[:4].rjust(4) + "┤", Style(dim=True))
+        else:
+            t.append("    │", Style(dim=True))
+        for p in range(shown):
+            m = margins[p]
+            level = (m / top) * rows * 8 if math.isfinite(m) else rows * 8
+            fill = int(max(0, min(8, round(level - r * 8))))
+            if r == 0 and fill == 0 and m > 0:
+                fill = 1                                  # a tiny margin still shows
+            if p in ufps:
+                style = Style(color="red", bold=True)
+            elif m < tau:
+                style = Style(color="yellow")
+            else:
+                style = Style(color="green")
+            if fill == 0 and r == tau_row:
+                t.append("╌" * step, Style(color="yellow", dim=True))
+            else:
+                ch = BARS[fill]
+                if r == rows - 1 and level > rows * 8:
+                    ch = "↑"
+                t.append(ch, style)
+                if step == 2:
+                    t.append("╌" if r == tau_row else " ", Style(color="yellow", dim=True))
+        t.append("\n")
+    t.append("    └", Style(dim=True))
+    for p in range(shown):
+        if p in ufps:
+            t.append("▲", Style(color="red", bold=True))
+        else:
+            t.append(str((p + 1) % 10), Style(dim=True))
+        if step == 2:
+            t.append(" ")
+    t.append("\n")
+    below = sum(m < tau for m in margins)
+    legend = f"τ={tau:g} · {below}/{n} under"
+    if block.ufps:
+        legend += " · ▲ " + " ".join(f"d{u.position + 1} m={u.margin:.2f} b={u.budget}" for u in block.ufps)
+    if shown < n:
+        legend += f" · {n - shown} more →"
+    t.append(legend, Style(dim=True))
+    return t
+
+
+class MarginsChart(Widget):
+    DEFAULT_CSS = "MarginsChart { height: 7; }"
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.block: Block | None = None
+        self.tau = 1.0
+
+    def show(self, block: Block | None, tau: float) -> None:
+        if block is self.block and tau == self.tau and block is not None:
+            return
+        self.block, self.tau = block, tau
+        self.refresh()
+
+    def render(self) -> Text:
+        return render_margins(self.block, self.tau, self.content_size.width, self.content_size.height)
+
+
+# ---- Stats ---------------------------------------------------------------------------------------
+
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: Sequence[float], width: int, highlight: int | None = None) -> Text:
+    """One character per value (the last `width`, or a window around `highlight`); highlighted reversed."""
+    t = Text(no_wrap=True, overflow="crop")
+    if not values or width <= 0:
+        return t
+    start = max(0, len(values) - width)
+    if highlight is not None and not start <= highlight < start + width:
+        start = max(0, min(highlight - width // 2, len(values) - width))
+    window = values[start:start + width]
+    top = max(max(values), 1e-9)
+    for i, v in enumerate(window, start=start):
+        ch = SPARK[min(7, max(0, int(round(v / top * 7))))]
+        t.append(ch, Style(color="cyan", reverse=i == highlight, bold=i == highlight))
+    return t
+
+
+@dataclass
+class StatsView:
+    items: list[tuple[str, str]]          # (label, value), flowed into lines
+    taus: list[float]                     # tau per block, for the sparkline
+    highlight: int | None = None          # which sparkline entry is the current block
+    note: str = ""                        # one dim line (calibration state...)
+
+
+def fmt_rate(x: float) -> str:
+    return f"{x:.1f}" if x < 1000 else f"{x:,.0f}"
+
+
+def stats_view(blocks: Sequence[Block], latest: Block | None, session: Sequence[Block], ar_tps: float | None,
+               ar_note: str = "", highlight: int | None = None, spark: Sequence[Block] | None = None) -> StatsView:
+    """`blocks`: the answer (or generation prefix) whose speed is shown; `session`: blocks for the
+    running means; `spark`: blocks for the sparkline (default: `session`); `latest`: the block whose
+    tau is 'latest'."""
+    s = summarize(blocks) if blocks else None
+    mean = summarize(session) if session else None
+    speed = f"{s.tokens_per_s / ar_tps:.2f}x" if ar_tps and s and s.tokens_per_s else "-"
+    items = [("tok/s", fmt_rate(s.tokens_per_s) if s else "-"),
+             ("TPOT", f"{s.tpot_ms:.1f}ms" if s and s.new_tokens else "-"),
+             ("vs AR", speed),
+             ("τ", (f"{len(latest.emitted)}" if latest else "-") + (f" avg {mean.tau:.2f}" if mean else "")),
+             ("wins", f"{mean.repair_win_rate:.0%}" if mean else "-"),
+             ("V", f"{mean.mean_tree_size:.1f}" if mean else "-")]
+    ar = f"AR {fmt_rate(ar_tps)} tok/s" if ar_tps else "AR baseline unknown"
+    ar_note = f"{ar} ({ar_note})" if ar_note else ar
+    spark = session if spark is None else spark
+    return StatsView(items=items, taus=[float(len(b.emitted)) for b in spark], highlight=highlight, note=ar_note)
+
+
+class StatsPanel(Widget):
+    DEFAULT_CSS = "StatsPanel { height: 7; }"
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.view = StatsView(items=[], taus=[])
+
+    def show(self, view: StatsView) -> None:
+        self.view = view
+        self.refresh()
+
+    def render(self) -> Text:
+        width = max(10, self.content_size.width)
+        t = Text(no_wrap=True, overflow="crop")
+        line = 0
+        for label, value in self.view.items:
+            piece = len(label) + 1 + len(value)
+            if line and line + 2 + piece > width:
+                t.append("\n")
+                line = 0
+            if line:
+                t.append("  ")
+                line += 2
+            t.append(label + " ", Style(dim=True))
+            t.append(value, Style(bold=True))
+            line += piece
+        if self.view.note:
+            t.append("\n")
+            t.append(self.view.note, Style(dim=True, italic=True))
+        t.append("\nτ/blk ", Style(dim=True))
+        t.append_text(sparkline(self.view.taus, width - 6, self.view.highlight))
+        return t
+
+
+# ---- small modal screens shared by both apps -----------------------------------------------------
+
+from textual.binding import Binding  # noqa: E402
+from textual.containers import Vertical  # noqa: E402
+from textual.screen import ModalScreen  # noqa: E402
+from textual.widgets import Input, Label  # noqa: E402
+
+
+def key_label(keys: str) -> str:
+    names = {"question_mark": "?", "left_square_bracket": "[", "right_square_bracket": "]", "slash": "/",
+             "greater_than_sign": ">", "less_than_sign": "<", "colon": ":"}
+    return " / ".join(names.get(k.strip(), k.strip()) for k in keys.split(","))
+
+
+class HelpScreen(ModalScreen[None]):
+    """Every key binding of the app, plus the colour/marker legend. Any key closes it."""
+
+    DEFAULT_CSS = """
+    HelpScreen { align: center middle; }
+    HelpScreen > Vertical { width: auto; max-width: 90%; height: auto; max-height: 90%;
+                            border: round $accent; padding: 0 1; background: $surface; }
+    """
+    BINDINGS = [Binding("escape,q,question_mark,f1,enter", "dismiss_help", "Close")]
+
+    def __init__(self, bindings: Sequence[tuple[str, str]], legend: Text | None = None):
+        super().__init__()
+        self.rows = bindings
+        self.legend = legend
+
+    def compose(self) -> ComposeResult:
+        t = Text(no_wrap=True)
+        width = max((len(k) for k, _ in self.rows), default=4)
+        for keys, what in self.rows:
+            t.append(keys.ljust(width + 2), Style(bold=True, color="yellow"))
+            t.append(what + "\n")
+        if self.legend is not None:
+            t.append("\n")
+            t.append_text(self.legend)
+        with Vertical() as v:
+            v.border_title = "Keys"
+            v.border_subtitle = "any key closes"
+            yield Static(t)
+
+    def on_key(self, event) -> None:
+        event.stop()
+        self.dismiss(None)
+
+    def action_dismiss_help(self) -> None:
+        self.dismiss(None)
+
+
+def binding_rows(bindings) -> list[tuple[str, str]]:
+    rows = []
+    for b in bindings:
+        if isinstance(b, Binding) and b.description:
+            rows.append((key_label(b.key), b.tooltip or b.description))
+    return rows
+
+
+class JumpScreen(ModalScreen[int | None]):
+    """Ask for a block number."""
+
+    DEFAULT_CSS = """
+    JumpScreen { align: center middle; }
+    JumpScreen > Vertical { width: 40; height: auto; border: round $accent; background: $surface; }
+    JumpScreen #jump-error { color: $error; }
+    """
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, last: int):
+        super().__init__()
+        self.last = last
+
+    def compose(self) -> ComposeResult:
+        with Vertical() as v:
+            v.border_title = "Jump to block"
+            yield Label(f"block number, 0..{self.last}")
+            yield Input(placeholder="e.g. 12", type="integer", id="jump-input")
+            yield Label("", id="jump-error")
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        try:
+            n = int(event.value)
+        except ValueError:
+            self.query_one("#jump-error", Label).update("type a whole number")
+            return
+        if not 0 <= n <= self.last:
+            self.query_one("#jump-error", Label).update(f"no block {n}: blocks are 0..{self.last}")
+            return
+        self.dismiss(n)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)

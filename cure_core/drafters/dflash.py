@@ -1,0 +1,392 @@
+"""DFlash: a block-diffusion drafter conditioned on the target's hidden states (z-lab `*-DFlash-b16`).
+
+How the published drafter works (and how this file maps it onto the engine's drafter protocol):
+
+- Context features. For every committed token, the target's hidden states after decoder layers
+  `target_layer_ids` (0-based decoder-layer indices, i.e. HF `output_hidden_states[id + 1]`) are
+  concatenated, projected by `fc` ([n_ids * H_target] -> H) and normalised by `hidden_norm`. Each
+  draft layer turns those projected rows into context K/V with its own `k_proj`/`v_proj` (no
+  input_layernorm on them), per-head `k_norm` and RoPE at the tokens' absolute positions. The draft
+  KV cache holds exactly these context rows, never block rows.
+- Block. [anchor, mask x n] at positions T..T+n, where T = number of context rows and the anchor is
+  the last committed token, whose own features are not in the context yet (they arrive with the
+  next verification). Token embeddings come from the TARGET's embedding table; the block attends
+  to all context rows and, non-causally, to every block row (bidirectional inside the block).
+- Output. Draft layers are Qwen3 decoder layers (q/k RMS-norm per head, SwiGLU MLP), then `norm`;
+  the TARGET's lm_head turns mask row i (block index i >= 1) into the prediction of the token AT
+  block position i (no shift: the anchor row's output is discarded).
+- Resync (advance). The engine hands back the hidden states of [anchor + accepted tokens]; they are
+  appended to the context cache at positions T.. and T grows by their count, exactly as the
+  reference crops its draft cache to `start` and feeds the accepted rows with the next block.
+
+Repair branches (redraft) are blocks [anchor, prefix..., c, mask x L] forwarded together in one pass
+with a block-diagonal mask: every row sees the whole context and its own block only.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import ModelLoadError
+from .base import Proposal, top_k_logprobs
+
+DEFAULT_BLOCK_SIZE = 16
+
+
+# --------------------------------------------------------------------------------------------
+# Config helpers: the published checkpoint keeps mask_token_id / target_layer_ids inside
+# `dflash_config` and block_size at the top level; other releases move them around, so each is
+# looked up in dflash_config first, then at the top level.
+# --------------------------------------------------------------------------------------------
+
+def _cfg_get(cfg, name: str, default=None):
+    sub = _as_dict(getattr(cfg, "dflash_config", None) if not isinstance(cfg, dict) else cfg.get("dflash_config"))
+    if name in sub and sub[name] is not None:
+        return sub[name]
+    val = cfg.get(name) if isinstance(cfg, dict) else getattr(cfg, name, None)
+    return default if val is None else val
+
+
+def _as_dict(x) -> dict:
+    if x is None:
+        return {}
+    if isinstance(x, dict):
+        return x
+    return dict(getattr(x, "__dict__", {}))
+
+
+def is_dflash_config(cfg) -> bool:
+    """A DFlash drafter's config: a DFlash architecture name, or a `dflash_config` section."""
+    archs = cfg.get("architectures") if isinstance(cfg, dict) else getattr(cfg, "architectures", None)
+    if any("DFlash" in a for a in (archs or [])):
+        return True
+    return bool(_as_dict(cfg.get("dflash_config") if isinstance(cfg, dict) else getattr(cfg, "dflash_config", None)))
+
+
+def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """The reference's fallback when a config names no layers: one tap in the middle for a 1-layer
+    drafter, else `num_draft_layers` taps evenly spaced over decoder layers 1 .. L_target - 3."""
+    if num_draft_layers <= 1:
+        return [num_target_layers // 2]
+    lo, hi = 1, num_target_layers - 3
+    return [int(round(lo + i * (hi - lo) / (num_draft_layers - 1))) for i in range(num_draft_layers)]
+
+
+# --------------------------------------------------------------------------------------------
+# The network. Module names mirror the published state dict (unprefixed):
+#   fc.weight [H, n_ids*H_t]   hidden_norm.weight [H]   norm.weight [H]
+#   layers.{i}.self_attn.{q,k,v,o}_proj.weight   layers.{i}.self_attn.{q,k}_norm.weight [head_dim]
+#   layers.{i}.mlp.{gate,up,down}_proj.weight    layers.{i}.{input,post_attention}_layernorm.weight
+# --------------------------------------------------------------------------------------------
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE (rotate-half convention). x [..., N, D]; cos/sin [N, D]."""
+    half = x.shape[-1] // 2
+    rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rot * sin
+
+
+class DFlashAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+        h = config.hidden_size
+        self.n_heads = config.num_attention_heads
+        self.n_kv = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or h // self.n_heads
+        bias = bool(getattr(config, "attention_bias", False))
+        self.q_proj = nn.Linear(h, self.n_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, h, bias=bias)
+        self.q_norm = Qwen3RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        self.k_norm = Qwen3RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+
+    def kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """[N, H] rows -> K [n_kv, N, D] (k_norm, RoPE), V [n_kv, N, D]."""
+        n = x.shape[0]
+        k = self.k_norm(self.k_proj(x).view(n, self.n_kv, self.head_dim)).transpose(0, 1)
+        v = self.v_proj(x).view(n, self.n_kv, self.head_dim).transpose(0, 1)
+        return _rotate(k, cos, sin), v
+
+    def forward(self, x, cos, sin, ctx_k, ctx_v, mask):
+        """x [N, H] block rows (already input-normed); ctx_k/ctx_v [n_kv, T, D]; mask [N, T+N] bool or None."""
+        n = x.shape[0]
+        q = self.q_norm(self.q_proj(x).view(n, self.n_heads, self.head_dim)).transpose(0, 1)
+        q = _rotate(q, cos, sin)
+        k, v = self.kv(x, cos, sin)
+        k = torch.cat([ctx_k, k], dim=1)
+        v = torch.cat([ctx_v, v], dim=1)
+        out = F.scaled_dot_product_attention(q[None], k[None], v[None],
+                                             attn_mask=None if mask is None else mask[None, None],
+                                             scale=self.head_dim ** -0.5, enable_gqa=self.n_heads != self.n_kv)
+        return self.o_proj(out[0].transpose(0, 1).reshape(n, self.n_heads * self.head_dim))
+
+
+class DFlashLayer(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm
+        self.self_attn = DFlashAttention(config)
+        self.mlp = Qwen3MLP(config)
+        self.input_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, x, cos, sin, ctx_k, ctx_v, mask):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DFlashModel(nn.Module):
+    """The drafter's own weights (no embedding, no lm_head: those are the target's)."""
+
+    def __init__(self, config, n_features: int, target_hidden_size: int):
+        super().__init__()
+        from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm, Qwen3RotaryEmbedding
+        self.config = config
+        self.layers = nn.ModuleList([DFlashLayer(config) for _ in range(config.num_hidden_layers)])
+        self.fc = nn.Linear(n_features * target_hidden_size, config.hidden_size, bias=False)
+        self.hidden_norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.rotary_emb = Qwen3RotaryEmbedding(config)     # inv_freq is a non-persistent buffer
+
+    def rope(self, positions: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = self.rotary_emb(like, positions[None])
+        return cos[0], sin[0]                                 # [N, D]
+
+    def context_kv(self, features: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """[N, n_ids*H_t] concatenated target features -> per layer (K, V), each [n_kv, N, D]."""
+        ctx = self.hidden_norm(self.fc(features))
+        cos, sin = self.rope(positions, ctx)
+        return [layer.self_attn.kv(ctx, cos, sin) for layer in self.layers]
+
+    def forward(self, embeds, positions, ctx_kv, mask) -> torch.Tensor:
+        """Block rows [N, H] at `positions` [N] -> final-normed hidden [N, H]."""
+        cos, sin = self.rope(positions, embeds)
+        x = embeds
+        for layer, (k, v) in zip(self.layers, ctx_kv):
+            x = layer(x, cos, sin, k, v, mask)
+        return self.norm(x)
+
+
+# --------------------------------------------------------------------------------------------
+# The drafter
+# --------------------------------------------------------------------------------------------
+
+class DFlashDrafter:
+    """The engine's Drafter over a DFlash network, sharing the target's embedding and lm_head."""
+    name = "dflash"
+
+    def __init__(self, model: DFlashModel, target: nn.Module, *, target_layer_ids: Sequence[int], mask_token_id: int,
+                 block_size: int = DEFAULT_BLOCK_SIZE, vocab_size: int | None = None,
+                 input_embedding_scale: float = 1.0, output_multiplier: float = 1.0,
+                 final_logit_softcapping: float | None = None):
+        self.model = model.eval()
+        self.embed = target.get_input_embeddings()
+        head = getattr(target, "lm_head", None)
+        self.lm_head = head if head is not None else target.get_output_embeddings()
+        self.target_layer_ids = tuple(int(i) for i in target_layer_ids)
+        # DFlash ids count decoder layers from 0; HF hidden_states[0] is the embeddings.
+        self.target_layers = tuple(i + 1 for i in self.target_layer_ids)
+        self.mask_token_id = int(mask_token_id)
+        self.block_size = int(block_size)
+        self.vocab_size = vocab_size
+        self.input_embedding_scale = float(input_embedding_scale)
+        self.output_multiplier = float(output_multiplier)
+        self.final_logit_softcapping = final_logit_softcapping
+        p = next(model.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        self._root = 0
+        self.reset([], None)
+
+    # ---- context cache ----
+
+    @property
+    def context_len(self) -> int:
+        """T: positions 0..T-1 hold context rows; the next block's anchor sits at T."""
+        return self._len
+
+    def reset(self, context: Sequence[int], hidden: torch.Tensor | None) -> None:
+        cfg = self.model.config
+        n_kv = cfg.num_key_value_heads
+        d = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        empty = torch.zeros((n_kv, 0, d), device=self.device, dtype=self.dtype)
+        self.ctx_kv: list[tuple[torch.Tensor, torch.Tensor]] = [(empty, empty) for _ in self.model.layers]
+        self._len = 0
+        if len(context):
+            self._append(hidden, len(context))
+
+    def advance(self, tokens: Sequence[int], hidden: torch.Tensor | None) -> None:
+        """tokens = [anchor] + accepted path; their target features join the context."""
+        if len(tokens):
+            self._append(hidden, len(tokens))
+
+    @torch.inference_mode()
+    def _append(self, hidden: torch.Tensor | None, n: int) -> None:
+        if hidden is None:
+            raise ValueError("the DFlash drafter needs the target's hidden states (target_layers) for every "
+                             "committed token")
+        if hidden.shape[0] != n:
+            raise ValueError(f"got {hidden.shape[0]} hidden rows for {n} tokens")
+        if hidden.shape[-1] != self.model.fc.in_features:
+            raise ValueError(f"hidden rows have width {hidden.shape[-1]}; the drafter's fc expects "
+                             f"{self.model.fc.in_features} ({len(self.target_layer_ids)} target layers)")
+        pos = torch.arange(self._len, self._len + n, device=self.device)
+        new = self.model.context_kv(hidden.to(self.device, self.dtype), pos)
+        self.ctx_kv = [(torch.cat([k0, k1], dim=1), torch.cat([v0, v1], dim=1))
+                       for (k0, v0), (k1, v1) in zip(self.ctx_kv, new)]
+        self._len += n
+
+    # ---- blocks ----
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.lm_head(hidden).float() * self.output_multiplier
+        if self.final_logit_softcapping:
+            cap = float(self.final_logit_softcapping)
+            logits = torch.tanh(logits / cap) * cap
+        if self.vocab_size:
+            logits = logits[..., : self.vocab_size]
+        if self.mask_token_id < logits.shape[-1]:
+            logits = logits.clone()
+            logits[..., self.mask_token_id] = float("-inf")   # a mask is never a draft
+        return logits
+
+    @torch.inference_mode()
+    def forward_blocks(self, blocks: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """Forward blocks (token lists, `mask_token_id` at masked slots; block[0] is the anchor at
+        position T) in ONE pass. Each row sees the whole context and its own block (bidirectional).
+        Returns per block the [len(block), V] float32 logits of every row (row 0's is unused by
+        DFlash: row i >= 1 predicts the token at block position i)."""
+        toks, pos, seg = [], [], []
+        for j, b in enumerate(blocks):
+            toks.extend(int(t) for t in b)
+            pos.extend(range(self._len, self._len + len(b)))
+            seg.extend([j] * len(b))
+        if not toks:
+            return [torch.zeros((0, 0)) for _ in blocks]
+        ids = torch.tensor(toks, dtype=torch.long, device=self.device)
+        seg_t = torch.tensor(seg, device=self.device)
+        mask = None                                                      # one block: every row sees every key
+        if len(blocks) > 1:
+            mask = torch.cat([torch.ones((len(toks), self._len), dtype=torch.bool, device=self.device),
+                              seg_t[:, None] == seg_t[None, :]], dim=1)  # [N, T + N] block-diagonal
+        embeds = self.embed(ids).to(self.dtype) * self.input_embedding_scale
+        hidden = self.model(embeds, torch.tensor(pos, device=self.device), self.ctx_kv, mask)
+        logits = self._logits(hidden.to(self.lm_head.weight.dtype))
+        return list(logits.split([len(b) for b in blocks]))
+
+    def propose(self, root: int, n: int, top_k: int) -> Proposal:
+        # Block = [root, mask x n]: as long as the tokens asked for, as the reference shrinks its
+        # block near the end of a generation (n = block_size - 1 for the published K).
+        self._root = int(root)                              # redraft() branches hang off this anchor
+        rows = self.forward_blocks([[root] + [self.mask_token_id] * n])[0][1:]    # [n, V]
+        ids, logp = top_k_logprobs(rows, top_k)
+        return Proposal(tokens=ids[:, 0].tolist(), top_ids=ids, top_logprobs=logp)
+
+    def redraft(self, prefixes: Sequence[Sequence[int]], lengths: Sequence[int]) -> list[list[int]]:
+        # Branch j = [root, prefix_j..., mask x L_j]; its masks predict the suffix. The root is the
+        # anchor propose() last used; the context has not moved since.
+        live = [j for j, n in enumerate(lengths) if n > 0]
+        out: list[list[int]] = [[] for _ in prefixes]
+        if not live:
+            return out
+        blocks = [[self._root] + list(prefixes[j]) + [self.mask_token_id] * lengths[j] for j in live]
+        logits = self.forward_blocks(blocks)
+        for j, blk, lg in zip(live, blocks, logits):
+            out[j] = lg[len(blk) - lengths[j]:].argmax(-1).tolist()
+        return out
+
+
+# --------------------------------------------------------------------------------------------
+# Loading the published checkpoint layout: config.json + model.safetensors (or shards)
+# --------------------------------------------------------------------------------------------
+
+def read_config(path: str | Path) -> dict:
+    f = Path(path) / "config.json"
+    try:
+        return json.loads(f.read_text())
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"cannot read DFlash config {f}: {e}") from None
+
+
+def _load_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    elif (path / "model.safetensors").exists():
+        files = ["model.safetensors"]
+    else:
+        raise ModelLoadError(f"no model.safetensors in {path}")
+    state: dict[str, torch.Tensor] = {}
+    for name in files:
+        state.update(load_file(str(path / name)))
+    # Some exports prefix the drafter's own weights with "model."; the published one does not.
+    return {(k[len("model."):] if k.startswith("model.") else k): v for k, v in state.items()}
+
+
+def load_dflash(path: str | Path, target_model: nn.Module, vocab_size: int | None = None) -> DFlashDrafter:
+    """A DFlash checkpoint folder + the loaded target -> DFlashDrafter on the target's device/dtype."""
+    from transformers import Qwen3Config
+    path = Path(path)
+    raw = read_config(path)
+    if not is_dflash_config(raw):
+        raise ModelLoadError(f"{path} is not a DFlash checkpoint (no DFlash architecture, no dflash_config)")
+    config = Qwen3Config.from_dict(raw)
+    layer_types = getattr(config, "layer_types", None) or []
+    if any(t != "full_attention" for t in layer_types) or _cfg_get(raw, "causal"):
+        raise ModelLoadError("this DFlash checkpoint uses sliding-window or causal draft layers, which are not "
+                             "supported (only the non-causal full-attention DFlash layout is)")
+    tcfg = target_model.config
+    n_target = int(getattr(tcfg, "num_hidden_layers"))
+    ids = _cfg_get(raw, "target_layer_ids")
+    if ids is None:
+        ids = default_target_layer_ids(int(_cfg_get(raw, "num_target_layers", n_target)), config.num_hidden_layers)
+    ids = [int(i) for i in ids]
+    mask_id = _cfg_get(raw, "mask_token_id")
+    if mask_id is None:
+        raise ModelLoadError("the DFlash config names no mask_token_id (dflash_config.mask_token_id)")
+    if max(ids) >= n_target or min(ids) < 0:
+        raise ModelLoadError(f"DFlash target_layer_ids {ids} do not fit the target's {n_target} decoder layers")
+    th = int(_cfg_get(raw, "target_hidden_size", tcfg.hidden_size))
+    if th != tcfg.hidden_size:
+        raise ModelLoadError(f"the DFlash drafter expects a target hidden size of {th}; the target has "
+                             f"{tcfg.hidden_size}")
+    emb = target_model.get_input_embeddings()
+    if emb.weight.shape[1] != config.hidden_size:
+        raise ModelLoadError(f"the DFlash drafter's hidden size {config.hidden_size} differs from the target's "
+                             f"embedding width {emb.weight.shape[1]} (it embeds with the target's table)")
+    if int(mask_id) >= emb.weight.shape[0]:
+        raise ModelLoadError(f"DFlash mask_token_id {mask_id} is outside the target's embedding table "
+                             f"({emb.weight.shape[0]} rows)")
+
+    model = DFlashModel(config, len(ids), tcfg.hidden_size)
+    state = _load_state_dict(path)
+    for k in [k for k in state if k.startswith(("embed_tokens.", "lm_head."))]:
+        del state[k]                              # the target's embedding/lm_head are used instead
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise ModelLoadError(f"DFlash checkpoint {path} does not match the DFlash layout: "
+                             f"missing {missing[:4]}{'...' if len(missing) > 4 else ''}, "
+                             f"unexpected {unexpected[:4]}{'...' if len(unexpected) > 4 else ''}")
+    bad = [k for k, v in state.items() if tuple(v.shape) != tuple(expected[k].shape)]
+    if bad:
+        k = bad[0]
+        raise ModelLoadError(f"DFlash weight {k} has shape {tuple(state[k].shape)}, expected "
+                             f"{tuple(expected[k].shape)} (config/target mismatch)")
+    model.load_state_dict(state, strict=True)
+    p = emb.weight
+    model = model.to(device=p.device, dtype=p.dtype).eval()
+    model.rotary_emb.float()                      # RoPE frequencies stay float32, as in HF loading
+    return DFlashDrafter(model, target_model, target_layer_ids=ids, mask_token_id=int(mask_id),
+                         block_size=int(_cfg_get(raw, "block_size", DEFAULT_BLOCK_SIZE)), vocab_size=vocab_size,
+                         input_embedding_scale=float(_cfg_get(raw, "input_embedding_scale", 1.0)),
+                         output_multiplier=float(_cfg_get(raw, "output_multiplier", 1.0)),
+                         final_logit_softcapping=_cfg_get(raw, "final_logit_softcapping"))
