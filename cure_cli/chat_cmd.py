@@ -53,8 +53,7 @@ def chat(
         trace = read_trace(replay)
         # --target names the tokenizer to decode with; else the trace header's target if it loads offline.
         tok = load_trace_tokenizer(trace.header.get("models") or {}, target)
-        engine = ReplayEngine(trace, tok, delay=max(0.0, replay_delay))
-        calibrate_tokens = 0
+        engine = ReplayEngine(trace, tok, delay=max(0.0, replay_delay))   # AR baseline: an ar run in the trace
     else:
         from cure_core.models import load_pair
         target, draft, note = default_models(target, draft, cfg.strategy)

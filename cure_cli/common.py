@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from cure_core.config import DecodeConfig
+from cure_core.config import ConfigError, DecodeConfig
 from cure_core.errors import CureError
 
 err_console = Console(stderr=True)
@@ -41,7 +41,7 @@ def friendly_errors(fn):
 # ---- engine options shared by generate / chat / bench ----
 Target = Annotated[Optional[str], typer.Option("--target", "-t", help="Target model: HF id, local folder or embedded alias (see `cure models`). Default: the embedded default.")]
 Draft = Annotated[Optional[str], typer.Option("--draft", "-d", help="Block-parallel drafter (or AR draft with --drafter ar): HF id, folder or alias.")]
-DrafterKind = Annotated[str, typer.Option("--drafter", help="Drafter kind: auto, pard, ar (dflash: see the models issue).")]
+DrafterKind = Annotated[str, typer.Option("--drafter", help="Drafter kind: auto (from the checkpoint's config), pard, dflash, ar.")]
 MaskTokenId = Annotated[Optional[int], typer.Option("--mask-token-id", help="PARD mask token id (default: the checkpoint's pard_token).")]
 Strategy = Annotated[str, typer.Option("--strategy", "-s", help="ar | sd | parallel | cure | ddtree")]
 MaxNew = Annotated[int, typer.Option("--max-new-tokens", "-n", help="Tokens to generate at most.")]
@@ -50,17 +50,29 @@ Seed = Annotated[int, typer.Option("--seed", help="Sampling seed (temperature > 
 K = Annotated[int, typer.Option("--k", help="Block size K: the root plus K-1 drafted tokens.")]
 TauMargin = Annotated[float, typer.Option("--tau-margin", help="UFP gate: draft top1-top2 log-prob margin below this.")]
 BMax = Annotated[int, typer.Option("--b-max", help="Repair branches at the most uncertain UFP.")]
-VMax = Annotated[int, typer.Option("--v-max", help="Tree node budget V_max.")]
+VMax = Annotated[str, typer.Option("--v-max", help="Tree node budget V_max, or 'auto': measure the target's verification cost curve and pick the budget that maximises expected tokens/s (64 is then the ceiling).")]
 Device = Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:1, mps ...")]
 DType = Annotated[str, typer.Option("--dtype", help="float32 (lossless check), float16, bfloat16.")]
 DeviceMap = Annotated[Optional[str], typer.Option("--device-map", help="Passed to accelerate (e.g. auto) for targets larger than one device.")]
 
 
+def parse_v_max(v_max: str | int) -> tuple[int, bool]:
+    """--v-max N -> (N, False); --v-max auto -> (64 as the ceiling, True)."""
+    text = str(v_max).strip().lower()
+    if text == "auto":
+        return 64, True
+    try:
+        return int(text), False
+    except ValueError:
+        raise ConfigError(f"--v-max must be a number or 'auto', got {v_max!r}") from None
+
+
 def decode_config(strategy: str, max_new_tokens: int, temperature: float, seed: int, k: int, tau_margin: float,
-                  b_max: int, v_max: int) -> DecodeConfig:
+                  b_max: int, v_max: str | int) -> DecodeConfig:
+    v, auto = parse_v_max(v_max)
     return DecodeConfig(strategy=strategy, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
-                        k=k, tau_margin=tau_margin, b_max=b_max, b_min=min(1, b_max), v_max=v_max,
-                        top_k=max(8, b_max + 1))
+                        k=k, tau_margin=tau_margin, b_max=b_max, b_min=min(1, b_max), v_max=max(v, k - 1) if auto else v,
+                        auto_budget=auto, top_k=max(8, b_max + 1))
 
 
 def quiet_transformers() -> None:

@@ -30,6 +30,7 @@ class DecodeConfig:
     b_max: int = 5                # repair branches granted at the most uncertain UFP
     max_ufps: int = 1             # UFPs repaired per block, taken in ascending margin
     v_max: int = 64               # node budget V(T) <= v_max (root excluded); cuts repair suffixes, never branch 0
+    auto_budget: bool = False     # pick the budget per block from the measured cost curve (v_max = ceiling; budget.py)
     beam: int = 5                 # repair-branch frontier: at most this many repair nodes at any depth
     top_k: int = 8                # draft alternatives kept per position (>= b_max + 1; ddtree's per-depth width)
     # --- ablations (paper Table 4) ---

@@ -14,11 +14,12 @@ from typing import Iterator, Sequence
 import torch
 
 from .block import Block, Resync, Timings, TreeNode
+from .budget import SIZES, BudgetTuner, measure_cost_curve
 from .config import ConfigError, DecodeConfig
 from .drafters.base import Drafter
 from .errors import CureError
 from .lm import CachedLM
-from .strategies import build_tree
+from .strategies import CHAIN_STRATEGIES, build_tree
 from .tree import DraftTree, greedy_accept, sample_accept
 
 
@@ -62,6 +63,16 @@ class Engine:
         layers = self.drafter.target_layers if self.drafter is not None else ()
         self.target = CachedLM(pair.target, hidden_layers=layers)
         self.device = self.target.device
+        self.tuner: BudgetTuner | None = None            # built at the first generation (--v-max auto)
+
+    def _make_tuner(self) -> BudgetTuner:
+        cfg = self.cfg
+        curve = measure_cost_curve(self.pair.target, max_size=cfg.v_max)
+        if cfg.strategy in CHAIN_STRATEGIES:
+            candidates = list(range(1, cfg.depth + 1))    # a chain's budget is its draft length
+        else:                                             # a tree's budget never cuts branch 0
+            candidates = [cfg.depth] + [s for s in SIZES if cfg.depth < s < cfg.v_max] + [cfg.v_max]
+        return BudgetTuner(curve, candidates)
 
     def _now(self) -> float:
         if self.device.type == "cuda":
@@ -86,6 +97,9 @@ class Engine:
                                   f"(no room to generate)")
         gen = torch.Generator().manual_seed(cfg.seed)
         eos = set(self.pair.eos_ids) if cfg.stop_at_eos else set()
+        if cfg.auto_budget and drafter is not None and self.tuner is None:
+            self.tuner = self._make_tuner()
+        tuner = self.tuner
 
         # Step 0. Prefill: every prompt token but the last; the last becomes the first root.
         t0 = self._now()
@@ -101,6 +115,13 @@ class Engine:
             ctx = target.committed
             # Rule: emitted tokens (accepted + bonus) must fit both max_new_tokens and the context.
             room = min(cfg.depth, limit - ctx - 2, cfg.max_new_tokens - new - 1)
+            budget = tuner.choose() if tuner is not None else cfg.v_max
+            block_cfg = cfg
+            if tuner is not None:
+                if cfg.strategy in CHAIN_STRATEGIES:
+                    room = min(room, budget)              # a shorter chain
+                else:
+                    block_cfg = cfg.with_(v_max=budget)
 
             # Step 1. Draft a block.
             t_draft = self._now()
@@ -108,7 +129,7 @@ class Engine:
 
             # Steps 2-5. UFPs, branch budget, repair branches (re-drafted inside), trie under V_max.
             t_tree = self._now()
-            plan = build_tree(cfg, proposal, drafter)
+            plan = build_tree(block_cfg, proposal, drafter)
             tree = plan.tree
             t_tree_end = self._now()
 
@@ -140,7 +161,7 @@ class Engine:
             nodes = tuple(TreeNode(token=tree.tokens[i], parent=tree.parents[i], depth=tree.depths[i],
                                    branch=tree.branches[i], accepted=i in accepted) for i in range(len(tree)))
             winner = tree.branches[path[-1]] if path else 0
-            yield Block(
+            block = Block(
                 index=index, strategy=cfg.strategy, context_len=ctx, root=root,
                 draft=tuple(proposal.tokens) if proposal is not None else (),
                 margins=tuple(proposal.margins) if proposal is not None else (),
@@ -153,12 +174,21 @@ class Engine:
                                 draft_ms=(t_tree - t_draft) * 1e3 + plan.redraft_ms,
                                 tree_ms=(t_tree_end - t_tree) * 1e3 - plan.redraft_ms,
                                 verify_ms=(t_verify - t_tree_end) * 1e3, commit_ms=(t_commit - t_verify) * 1e3),
-                stop=stop)
+                stop=stop, meta=self._budget_meta(tuner, budget))
+            if tuner is not None:
+                tuner.observe(block, budget)
+            yield block
             new += len(emitted)
             index += 1
             if stop is not None:
                 return
             root = bonus
+
+    @staticmethod
+    def _budget_meta(tuner: BudgetTuner | None, budget: int) -> dict:
+        if tuner is None:
+            return {}
+        return {"v_max": budget, "predicted_speedup": tuner.last_prediction}
 
     def _cut(self, emitted: list[int], new: int, prompt_len: int, limit: int, eos: set[int]):
         """Cut a block's emission at the first stop: eos (kept), max_new_tokens, the context end."""

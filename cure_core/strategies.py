@@ -19,6 +19,9 @@ from .drafters.base import Drafter, Proposal
 from .tree import DraftTree
 
 
+CHAIN_STRATEGIES = ("sd", "parallel")       # branch 0 only
+
+
 @dataclass(frozen=True)
 class TreePlan:
     tree: DraftTree
@@ -29,7 +32,7 @@ class TreePlan:
 def build_tree(cfg: DecodeConfig, proposal: Proposal | None, drafter: Drafter | None) -> TreePlan:
     if cfg.strategy == "ar" or proposal is None:
         return TreePlan(DraftTree())
-    if cfg.strategy in ("sd", "parallel"):
+    if cfg.strategy in CHAIN_STRATEGIES:
         tree = DraftTree()
         tree.add_path(proposal.tokens, branch=0)
         return TreePlan(tree)

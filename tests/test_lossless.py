@@ -31,6 +31,7 @@ def configs(draw):
         beam=draw(st.integers(1, 5)),
         keep_branch0=draw(st.booleans()),
         resync=draw(st.booleans()),
+        auto_budget=draw(st.booleans()),
     )
 
 
@@ -48,6 +49,8 @@ def test_every_strategy_equals_ar(target, drafts, prompt, conf, noise):
         out, blocks = run(pair, DecodeConfig(strategy=strategy, **conf), prompt)
         assert out == ref, f"{strategy} diverged from ar with {conf}"
         assert all(b.tree_size <= conf["v_max"] for b in blocks)
+        if conf["auto_budget"]:
+            assert all(b.tree_size <= b.meta["v_max"] for b in blocks if b.draft)
 
 
 @pytest.mark.parametrize("strategy", SPECULATIVE)
@@ -110,3 +113,42 @@ def test_ablations_really_change_the_mechanism(pair):
         if b.repair_won:
             assert b.resync.tokens != tuple(b.nodes[i].token for i in b.accepted)
     assert all(b.resync.tokens == tuple(b.nodes[i].token for i in b.accepted) for b in full)
+
+
+def test_auto_budget_learns_a_budget_and_predicts_speedup(pair):
+    from cure_core.budget import BudgetTuner, CostCurve
+    prompt = list(b"while True:\n    ")
+    cfg = DecodeConfig(strategy="cure", max_new_tokens=80, auto_budget=True, tau_margin=3.0)
+    engine = Engine(pair, cfg)
+    ref = generate_ids(pair, cfg.with_(strategy="ar", auto_budget=False), prompt)
+    blocks = list(engine.generate(prompt))
+    assert [t for b in blocks for t in b.emitted] == ref
+    assert engine.tuner is not None and engine.tuner.curve.sizes[0] == 0
+    assert {b.meta["v_max"] for b in blocks} <= set(engine.tuner.candidates)
+    assert any(b.meta["predicted_speedup"] is not None for b in blocks)
+
+
+def test_budget_tuner_prefers_small_trees_when_verification_is_steep():
+    from cure_core.block import Block, Resync, Timings
+    from cure_core.budget import BudgetTuner, CostCurve
+
+    def block(accepted, size):
+        return Block(index=0, strategy="cure", context_len=0, root=0, draft=(), margins=(), ufps=(), nodes=(),
+                     accepted=tuple(accepted), winner=0, branch0_accepted=0, bonus=0, emitted=(),
+                     resync=Resync("none", ()), timings=Timings(draft_ms=1.0), stop=None)
+    # acceptance comes from the first 3 nodes only; bigger trees add nothing
+    steep = CostCurve((0, 15, 64), (10.0, 30.0, 200.0))
+    flat = CostCurve((0, 15, 64), (10.0, 10.5, 11.0))
+    for curve in (steep, flat):
+        t = BudgetTuner(curve, [15, 32, 64])
+        for _ in range(10):
+            t.observe(block([0, 1, 2], 64), 64)
+        t.blocks = 1                                       # past the exploration tick
+        assert t.choose() == 15
+    # acceptance that needs deep repair nodes (index 40) pays on a flat curve, not on a steep one
+    flat_t, steep_t = BudgetTuner(flat, [15, 32, 64]), BudgetTuner(steep, [15, 32, 64])
+    for t in (flat_t, steep_t):
+        for _ in range(10):
+            t.observe(block([0, 1, 40, 41, 42, 43, 44, 45], 64), 64)
+    assert flat_t.rate(64) > flat_t.rate(15)
+    assert steep_t.rate(15) > steep_t.rate(64)

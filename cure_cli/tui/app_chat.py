@@ -271,7 +271,7 @@ class ChatApp(App):
         if message.error:
             self.ar_note = f"AR calibration failed: {message.error}"
         elif message.ar_tps:
-            self.ar_note = f"calibrated, {self.calibrate_tokens} tokens"
+            self.ar_note = getattr(self.engine, "calibration_note", "calibrated")
         else:
             self.ar_note = "pass --baseline-tps X"
         self._refresh_panels()
@@ -507,3 +507,6 @@ class ChatApp(App):
     async def action_quit(self) -> None:
         self._stop.set()
         self.exit()
+
+    def on_unmount(self) -> None:
+        self._stop.set()             # a running answer ends at its next block; the thread then exits

@@ -27,6 +27,7 @@ class ChatEngine(Protocol):
     label: str            # one line for the UI: what is decoding
     models: dict          # trace header "models" (target/draft names)
     tokens: TokenText     # token ids -> readable text (the target's tokenizer, or ids)
+    calibration_note: str  # where calibrate()'s AR baseline comes from, for the Stats panel
 
     def encode(self, messages: Sequence[Message]) -> list[int]:
         """The prompt ids for a conversation whose last message is the user's new turn."""
@@ -61,6 +62,7 @@ class ModelEngine:
         names = self.pair.names
         self.label = names.get("target", "target") + (f" ← {names['draft']}" if names.get("draft") else "")
         self.calibration_prompt = calibration_prompt
+        self.calibration_note = "measured at start-up"
         self._lock = threading.Lock()   # one generation at a time: drafters keep state
 
     def encode(self, messages: Sequence[Message]) -> list[int]:
@@ -116,6 +118,7 @@ class ReplayEngine:
         self.models = dict(self.trace.header.get("models") or {})
         self.label = "replay of " + (self.models.get("target") or "a trace")
         self.delay = delay
+        self.calibration_note = "the trace's ar run"
         self._next = 0
         self._lock = threading.Lock()
 

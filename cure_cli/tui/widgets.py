@@ -163,16 +163,31 @@ def render_tree(block: Block | None, tokens: TokenText, cell: int = 8) -> Text:
     width = min(cell, max((len(lab(n.token)) for n in block.nodes), default=1)) + 1   # marker + token
     width = max(width, 3)
 
-    t.append("\n    ")
+    # A run of accepted depths that only branch 0 holds (the shared prefix before any fork) is one row:
+    # it keeps the forks in view in a small terminal.
+    prefix = 0
+    while (prefix + 1 <= max_depth and prefix + 1 not in ufp_depths
+           and all(b == 0 or prefix + 1 not in cols[b] for b in branches)
+           and 0 in branches and prefix + 1 in cols[0] and states[cols[0][prefix + 1][0]] == "acc"):
+        prefix += 1
+    if prefix < 3:
+        prefix = 0
+
+    t.append("\n     ")
     for b in branches:
         name = branch_name(b) + ("★" if b == winner else "")
         style = Style(bold=True, reverse=True) if b == winner else Style(bold=True, dim=b != 0 and b != winner)
         t.append(name.ljust(width)[:width], style)
         t.append(" ")
-    for d in range(1, max_depth + 1):
+    if prefix:
+        t.append("\n")
+        t.append(f"1-{prefix}".rjust(4) + " ", Style(dim=True))
+        t.append(MARK["acc"] + "│".join(lab(block.nodes[cols[0][d][0]].token, cell) for d in range(1, prefix + 1)),
+                 NODE_STYLES["acc"])
+    for d in range(prefix + 1, max_depth + 1):
         t.append("\n")
         u = ufp_depths.get(d)
-        t.append(f"{d:>3}", Style(dim=u is None))
+        t.append(f"{d:>4}", Style(dim=u is None))
         t.append("◆" if u else " ", Style(color="yellow", bold=True))
         for b in branches:
             own = cols[b].get(d)

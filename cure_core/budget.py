@@ -1,0 +1,169 @@
+"""Cost-aware tree budget: pick V_max to maximise expected tokens per second.
+
+The paper's efficiency model: tokens/s ~ (E[a] + 1) / (C_d + C_v(V)). A bigger tree only pays
+when the extra accepted tokens outgrow the extra verification cost, and C_v's shape depends on
+the machine (steep on a CPU, nearly flat on a GPU up to dozens of tokens). So the engine
+  1. measures C_v(V), one target forward over a root plus V tree nodes, once per model / device /
+     dtype (cached on disk), and
+  2. learns E[a(V)] online from the blocks it verifies: the tree's nodes are inserted in priority
+     order (branch 0, then repairs; best-first for ddtree), and a budget V keeps exactly the first
+     V, so a block verified with a tree of T nodes tells a(V) = accepted nodes with index < V for
+     every V <= T (and for every V when the tree was not cut by its budget).
+Every `explore_every` blocks the ceiling is used, so estimates for large V stay fresh.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .block import Block
+from .lm import CachedLM
+
+SIZES = (0, 1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+
+
+@dataclass(frozen=True)
+class CostCurve:
+    sizes: tuple[int, ...]          # tree sizes V measured (root excluded)
+    verify_ms: tuple[float, ...]    # one target forward over root + V nodes, median
+
+    def verify(self, v: int) -> float:
+        """C_v(V), linear between measured sizes, extrapolated past the last one."""
+        xs, ys = self.sizes, self.verify_ms
+        if v <= xs[0]:
+            return ys[0]
+        for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
+            if v <= x1:
+                return y0 + (y1 - y0) * (v - x0) / (x1 - x0)
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else 0.0
+        return ys[-1] + slope * (v - xs[-1])
+
+    def to_dict(self) -> dict:
+        return {"sizes": list(self.sizes), "verify_ms": list(self.verify_ms)}
+
+
+def _model_key(model, ctx_len: int) -> str:
+    p = next(model.parameters())
+    name = getattr(model.config, "_name_or_path", "") or model.config.model_type
+    n = sum(x.numel() for x in model.parameters())
+    return f"{name}|{n}|{p.device}|{p.dtype}|ctx{ctx_len}|torch{torch.__version__}|threads{torch.get_num_threads()}"
+
+
+def _cache_file() -> Path:
+    from .embedded import cache_root
+    return cache_root() / "cost_curves.json"
+
+
+@torch.inference_mode()
+def measure_cost_curve(model, max_size: int = 64, ctx_len: int = 128, repeats: int = 3,
+                       use_disk_cache: bool = True) -> CostCurve:
+    """Time target forwards over a root + V chain on a random context of ctx_len tokens."""
+    key = _model_key(model, ctx_len)
+    path = _cache_file()
+    if use_disk_cache and path.exists():
+        try:
+            saved = json.loads(path.read_text()).get(key)
+            if saved and max(saved["sizes"]) >= max_size:
+                return CostCurve(tuple(saved["sizes"]), tuple(saved["verify_ms"]))
+        except (OSError, ValueError, KeyError):
+            pass
+    sizes = tuple(s for s in SIZES if s <= max_size) + ((max_size,) if max_size not in SIZES else ())
+    vocab = int(model.config.vocab_size)
+    gen = torch.Generator().manual_seed(0)
+    ctx = torch.randint(0, vocab, (ctx_len,), generator=gen).tolist()
+    lm = CachedLM(model)
+    lm.prefill(ctx)
+    device = lm.device
+    times = []
+    for v in sizes:
+        toks = torch.randint(0, vocab, (v + 1,), generator=gen).tolist()
+        runs = []
+        for r in range(repeats + 1):                       # the first run warms up
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            fwd = lm.forward(toks, [-1] + list(range(v)))
+            fwd.logits.argmax(-1).tolist()                # acceptance reads the argmax back
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            if r:
+                runs.append((time.perf_counter() - t0) * 1e3)
+            lm.rollback()
+        times.append(statistics.median(runs))
+    # Rule: verification never gets cheaper with more nodes; smooth measurement noise away.
+    for i in range(1, len(times)):
+        times[i] = max(times[i], times[i - 1])
+    curve = CostCurve(sizes, tuple(times))
+    if use_disk_cache:
+        try:
+            data = json.loads(path.read_text()) if path.exists() else {}
+            data[key] = curve.to_dict()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(data, indent=1))
+            os.replace(tmp, path)
+        except (OSError, ValueError):
+            pass
+    return curve
+
+
+class BudgetTuner:
+    """Online choice of the tree budget V from the cost curve and the acceptance seen so far."""
+
+    def __init__(self, curve: CostCurve, candidates: list[int], window: int = 64, explore_every: int = 8):
+        self.curve = curve
+        self.candidates = sorted(set(candidates))
+        self.ceiling = self.candidates[-1]
+        self.window = window
+        self.explore_every = explore_every
+        self.history: list[tuple[list[int], int, bool]] = []   # (accepted node indices, tree size, cut)
+        self.overhead_ms: list[float] = []                   # C_d: draft + tree + commit per block
+        self.blocks = 0
+        self.last_choice = self.ceiling
+        self.last_prediction: float | None = None
+
+    def expected_accept(self, v: int) -> float | None:
+        vals = []
+        for accepted, size, cut in self.history[-self.window:]:
+            if cut and v > size:
+                continue                                  # unknown: that tree was cut below v
+            vals.append(sum(1 for i in accepted if i < v))
+        return sum(vals) / len(vals) if vals else None
+
+    def rate(self, v: int) -> float | None:
+        """Predicted tokens per ms with budget v."""
+        ea = self.expected_accept(v)
+        if ea is None:
+            return None
+        c_d = statistics.mean(self.overhead_ms[-self.window:]) if self.overhead_ms else 0.0
+        return (ea + 1.0) / (c_d + self.curve.verify(v))
+
+    def choose(self) -> int:
+        self.blocks += 1
+        if len(self.history) < 4 or self.blocks % self.explore_every == 0:
+            choice = self.ceiling                          # warm-up and exploration
+        else:
+            rated = [(r, v) for v in self.candidates if (r := self.rate(v)) is not None]
+            choice = max(rated, key=lambda rv: (rv[0], -rv[1]))[1] if rated else self.ceiling
+        self.last_choice = choice
+        self.last_prediction = self.predicted_speedup(choice)
+        return choice
+
+    def predicted_speedup(self, v: int) -> float | None:
+        """Predicted speedup over AR (one target forward per token: C_v(0))."""
+        r = self.rate(v)
+        return r * self.curve.verify(0) if r is not None else None
+
+    def observe(self, block: Block, budget: int) -> None:
+        t = block.timings
+        self.overhead_ms.append(t.draft_ms + t.tree_ms + t.commit_ms)
+        self.history.append((list(block.accepted), block.tree_size, block.tree_size >= budget))
+        if len(self.history) > 4 * self.window:
+            del self.history[: -self.window]
+            del self.overhead_ms[: -self.window]
