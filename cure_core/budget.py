@@ -61,7 +61,7 @@ def _cache_file() -> Path:
 
 
 @torch.inference_mode()
-def measure_cost_curve(model, max_size: int = 64, ctx_len: int = 128, repeats: int = 3,
+def measure_cost_curve(model, max_size: int = 64, ctx_len: int = 128, repeats: int = 5,
                        use_disk_cache: bool = True) -> CostCurve:
     """Time target forwards over a root + V chain on a random context of ctx_len tokens."""
     key = _model_key(model, ctx_len)
@@ -95,11 +95,8 @@ def measure_cost_curve(model, max_size: int = 64, ctx_len: int = 128, repeats: i
             if r:
                 runs.append((time.perf_counter() - t0) * 1e3)
             lm.rollback()
-        times.append(statistics.median(runs))
-    # Rule: verification never gets cheaper with more nodes; smooth measurement noise away.
-    for i in range(1, len(times)):
-        times[i] = max(times[i], times[i - 1])
-    curve = CostCurve(sizes, tuple(times))
+        times.append(min(runs))                           # the least disturbed run: noise only adds time
+    curve = CostCurve(sizes, tuple(_isotonic(times)))
     if use_disk_cache:
         try:
             data = json.loads(path.read_text()) if path.exists() else {}
@@ -113,6 +110,25 @@ def measure_cost_curve(model, max_size: int = 64, ctx_len: int = 128, repeats: i
     return curve
 
 
+def _isotonic(ys: list[float]) -> list[float]:
+    """Rule: verification never gets cheaper with more nodes. Pool adjacent violators, so one noisy
+    point is averaged with its neighbours instead of lifting every larger size."""
+    blocks = [[y, 1] for y in ys]                          # [mean, count]
+    i = 0
+    while i < len(blocks) - 1:
+        if blocks[i][0] > blocks[i + 1][0]:
+            m0, n0 = blocks[i]
+            m1, n1 = blocks.pop(i + 1)
+            blocks[i] = [(m0 * n0 + m1 * n1) / (n0 + n1), n0 + n1]
+            i = max(i - 1, 0)
+        else:
+            i += 1
+    out = []
+    for m, n in blocks:
+        out += [m] * n
+    return out
+
+
 class BudgetTuner:
     """Online choice of the tree budget V from the cost curve and the acceptance seen so far."""
 
@@ -124,6 +140,7 @@ class BudgetTuner:
         self.explore_every = explore_every
         self.history: list[tuple[list[int], int, bool]] = []   # (accepted node indices, tree size, cut)
         self.overhead_ms: list[float] = []                   # C_d: draft + tree + commit per block
+        self.verify_scale: list[float] = []                  # measured verify_ms / curve's C_v(V): load drift
         self.blocks = 0
         self.last_choice = self.ceiling
         self.last_prediction: float | None = None
@@ -142,7 +159,12 @@ class BudgetTuner:
         if ea is None:
             return None
         c_d = statistics.mean(self.overhead_ms[-self.window:]) if self.overhead_ms else 0.0
-        return (ea + 1.0) / (c_d + self.curve.verify(v))
+        return (ea + 1.0) / (c_d + self.verify_ms(v))
+
+    def verify_ms(self, v: int) -> float:
+        """C_v(V): the start-up curve, rescaled online by how verification times run now."""
+        scale = statistics.median(self.verify_scale[-self.window:]) if self.verify_scale else 1.0
+        return self.curve.verify(v) * scale
 
     def choose(self) -> int:
         self.blocks += 1
@@ -158,12 +180,16 @@ class BudgetTuner:
     def predicted_speedup(self, v: int) -> float | None:
         """Predicted speedup over AR (one target forward per token: C_v(0))."""
         r = self.rate(v)
-        return r * self.curve.verify(0) if r is not None else None
+        return r * self.verify_ms(0) if r is not None else None
 
     def observe(self, block: Block, budget: int) -> None:
         t = block.timings
         self.overhead_ms.append(t.draft_ms + t.tree_ms + t.commit_ms)
+        expected = self.curve.verify(block.tree_size)
+        if expected > 0 and t.verify_ms > 0:
+            self.verify_scale.append(t.verify_ms / expected)
         self.history.append((list(block.accepted), block.tree_size, block.tree_size >= budget))
         if len(self.history) > 4 * self.window:
             del self.history[: -self.window]
             del self.overhead_ms[: -self.window]
+            del self.verify_scale[: -self.window]

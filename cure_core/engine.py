@@ -19,6 +19,7 @@ from .config import ConfigError, DecodeConfig
 from .drafters.base import Drafter
 from .errors import CureError
 from .lm import CachedLM
+from .metrics import common_prefix
 from .strategies import CHAIN_STRATEGIES, build_tree
 from .tree import DraftTree, greedy_accept, sample_accept
 
@@ -146,7 +147,7 @@ class Engine:
             # Step 7. Commit: keep exactly root + accepted nodes in the target cache; resync the drafter.
             target.commit([0] + [i + 1 for i in path])
             branch0 = _branch0_chain(tree)
-            a0 = _common_prefix(path, branch0)
+            a0 = common_prefix(path, branch0)
             resync_nodes = path if cfg.resync else [branch0[d] if d < len(branch0) else path[d]
                                                     for d in range(len(path))]
             resync_tokens = [tree.tokens[i] for i in resync_nodes]
@@ -206,15 +207,6 @@ class Engine:
 def _branch0_chain(tree: DraftTree) -> list[int]:
     """Branch-0 nodes, shallow to deep (they form one chain from depth 1)."""
     return sorted((i for i, b in enumerate(tree.branches) if b == 0), key=lambda i: tree.depths[i])
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def generate_ids(pair: ModelPair, cfg: DecodeConfig, prompt_ids: Sequence[int]) -> list[int]:

@@ -29,6 +29,16 @@ class GenerationStats:
         return asdict(self)
 
 
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two sequences."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def summarize(blocks: Sequence[Block]) -> GenerationStats:
     n = len(blocks)
     new = sum(len(b.emitted) for b in blocks)

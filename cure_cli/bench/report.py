@@ -128,12 +128,23 @@ def print_tables(console: Console, results: dict) -> None:
         t.add_row(name, f"{m['ms_per_block']:.1f}", *(f"{sp[k]:.0%}" for k in ("draft", "tree", "verify", "commit")))
     console.print(t)
 
+    budgets = {k: v["budget"] for k, v in metrics.items() if v.get("budget")}
+    if budgets:
+        t = _table("cost-aware budget (--v-max auto): chosen V and predicted vs measured speedup",
+                   ("run", "left"), ("mean V", "right"), ("V range", "right"), ("predicted x ar", "right"),
+                   ("measured x ar", "right"))
+        for name, b in budgets.items():
+            t.add_row(name, f"{b['mean_v_max']:.1f}", f"{b['min_v_max']}-{b['max_v_max']}",
+                      _f(b["predicted_speedup_vs_ar"], "{:.2f}x"), _f(metrics[name]["speedup_vs_ar"], "{:.2f}x"))
+        console.print(t)
+
     accept = {k: v["per_position_acceptance"] for k, v in metrics.items() if v["per_position_acceptance"]}
     if accept:
         depth = max(len(v) for v in accept.values())
         name_w = max(len(k) for k in accept)
         shown = max(1, min(depth, (console.width - name_w - 1) // 5))
-        more = f"; d{shown + 1}-d{depth} in results.json" if shown < depth else ""
+        rest = f"d{depth}" if shown + 1 == depth else f"d{shown + 1}-d{depth}"
+        more = f"; {rest} in results.json" if shown < depth else ""
         t = _table(f"per-position acceptance, % (winning path reached depth d{more})", ("run", "left"),
                    *((f"d{d}", "right") for d in range(1, shown + 1)))
         for name, rates in accept.items():

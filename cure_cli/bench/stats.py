@@ -15,18 +15,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from cure_core.metrics import per_position_acceptance, summarize
+from cure_core.metrics import common_prefix, per_position_acceptance, summarize
 
 from .runner import PairResult, RunSpec
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def complete_prompts(pairs: Sequence[PairResult], run_names: Sequence[str]) -> list[int]:
@@ -66,7 +57,18 @@ def run_metrics(pairs: Sequence[PairResult], depth: int) -> dict:
                        (("draft", s.draft_ms), ("tree", s.tree_ms), ("verify", s.verify_ms),
                         ("commit", s.commit_ms))},
         "ms_per_block": s.decode_ms / s.blocks if s.blocks else 0.0,
+        "budget": _budget(blocks),
     }
+
+
+def _budget(blocks) -> dict | None:
+    """--v-max auto: the budgets the tuner chose and its mean predicted speedup over ar (None if fixed)."""
+    chosen = [b.meta["v_max"] for b in blocks if "v_max" in b.meta]
+    predicted = [b.meta["predicted_speedup"] for b in blocks if b.meta.get("predicted_speedup") is not None]
+    if not chosen:
+        return None
+    return {"mean_v_max": sum(chosen) / len(chosen), "min_v_max": min(chosen), "max_v_max": max(chosen),
+            "predicted_speedup_vs_ar": sum(predicted) / len(predicted) if predicted else None}
 
 
 def match_stats(pairs: Sequence[PairResult], reference: dict[int, Sequence[int]]) -> dict:

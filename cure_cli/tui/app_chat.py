@@ -25,7 +25,7 @@ from cure_core.errors import CureError
 
 from .engine_protocol import ChatEngine
 from .messages import BlockBuffer, BlocksReady, CalibrationDone, TurnFinished, TurnStarted
-from .widgets import (TREE_LEGEND, TREE_LEGEND_SHORT, AnswerText, HelpScreen, MarginsChart, RepairTree, StatsPanel,
+from .widgets import (TREE_LEGEND, TREE_LEGEND_SHORT, AnswerText, AnswerView, HelpScreen, MarginsChart, RepairTree, StatsPanel,
                       binding_rows, origin_legend, stats_view, tree_legend)
 
 LEGEND_MARKUP = "[green]branch 0[/] [b magenta u]repair[/] [i cyan]bonus[/]"
@@ -382,7 +382,7 @@ class ChatApp(App):
         """Start a turn: the user's text joins the history, the answer streams into a new view."""
         log = self.query_one("#log", VerticalScroll)
         user = Static(Text("› " + text), classes="user")
-        view = Static(Text("…", Style(dim=True)), classes="answer")
+        view = AnswerView(Text("…", Style(dim=True)), classes="answer")
         log.mount(user)
         log.mount(view)
         log.scroll_end(animate=False)

@@ -153,18 +153,10 @@ class ReplayEngine:
         return (summarize(ar).tokens_per_s or None) if ar else None
 
 
-def load_trace_tokenizer(models: dict, explicit: str | None = None):
-    """The tokenizer for a trace: `explicit` (a folder / HF id) if given, else the header's target when
-    it loads offline (a local folder, the HF cache, or an already-built embedded alias). None if not."""
+def _offline_tokenizer(name: str):
+    """A tokenizer that loads without the network: an embedded alias already built in the cache, a
+    local folder, or an HF id in the local cache. None otherwise."""
     from cure_core.models import load_tokenizer
-    if explicit:
-        tok = load_tokenizer(explicit, required=False)
-        if tok is None:
-            raise ModelLoadError(f"no usable tokenizer in {explicit}")
-        return tok
-    name = (models or {}).get("target")
-    if not name:
-        return None
     try:
         from cure_core.embedded import EMBEDDED_MODELS, model_status
         if name in EMBEDDED_MODELS:
@@ -176,3 +168,16 @@ def load_trace_tokenizer(models: dict, explicit: str | None = None):
     if name.startswith((".", "/", "~")) and not p.is_dir():
         return None
     return load_tokenizer(str(p) if p.is_dir() else name, required=False)
+
+
+def load_trace_tokenizer(models: dict, explicit: str | None = None):
+    """The tokenizer for a trace: `explicit` (alias / folder / HF id) if given, else the header's target
+    when it loads offline. None when there is none (tokens then show as ids)."""
+    if explicit:
+        tok = _offline_tokenizer(explicit)
+        if tok is None:
+            raise ModelLoadError(f"no usable tokenizer for {explicit!r} on this machine (offline: a local "
+                                 f"folder, a cached HF id, or a built embedded alias)")
+        return tok
+    name = (models or {}).get("target")
+    return _offline_tokenizer(name) if name else None

@@ -80,6 +80,7 @@ class AnswerText:
     def render(self, highlight: int | None = None, upto: int | None = None) -> Text:
         """The answer; the block `highlight` reversed; only blocks up to `upto` when given."""
         text = Text()
+        links: dict[int, Style] = {}
         for piece, origin, key in self.pieces:
             if upto is not None and key > upto:
                 break
@@ -87,9 +88,24 @@ class AnswerText:
             if highlight is not None and key == highlight:
                 style = style + CURRENT_BLOCK
             if self.click_action:
-                style = style + Style(meta={"@click": f"{self.click_action}({key})"})
+                link = links.get(key)
+                if link is None:        # one Style per block: hovering lights up the whole block
+                    link = links[key] = Style(meta={"@click": f"{self.click_action}({key})"})
+                style = style + link
             text.append(piece, style)
         return text
+
+
+class AnswerView(Static):
+    """An answer whose tokens are links to their blocks, keeping the origin colours (no link colour)."""
+
+    @property
+    def link_style(self) -> Style:
+        return Style()
+
+    @property
+    def link_style_hover(self) -> Style:
+        return Style(underline=True, bold=True)
 
 
 # ---- Repair tree ---------------------------------------------------------------------------------

@@ -1,0 +1,510 @@
+"""cure against its peers: transformers' own decoding loops and cure's strategies, one process.
+
+    python benchmarks/peers.py --target qwen-coder-1.5b --ar-draft qwen-coder-0.5b --limit 20 \\
+        --max-new-tokens 64 [--draft D --drafter pard] [--k 6] [--strategies ar,sd,parallel,cure,ddtree] \\
+        [--hf generate,assisted,prompt-lookup] [--threads N] [--json OUT.json]
+    python benchmarks/peers.py --tiny            # in-process tiny random models: a fast smoke run
+
+Methods, all greedy (temperature 0), all on the SAME target model object and the same prompts
+(HumanEval, raw completion style, `--limit` of them):
+
+    hf_generate       transformers `model.generate()` greedy: the reference output
+    hf_assisted       transformers assisted generation, `assistant_model=` the AR draft
+                      (transformers' defaults: up to 20 draft tokens, adaptive confidence stop;
+                      `--hf-assistant-tokens N` fixes N with the "constant" schedule)
+    hf_prompt_lookup  transformers prompt-lookup decoding, `prompt_lookup_num_tokens=`
+    cure_<strategy>   cure's engine: ar, sd, parallel, cure, ddtree (`--strategies`)
+
+`sd` uses the AR draft (`--ar-draft`, or `--draft D --drafter ar`). parallel/cure/ddtree use the
+block drafter given with `--draft`; when none is given and `--drafter` is `ar` (or `auto`, which
+resolves a plain causal LM to `ar` anyway) they use the AR draft model as their drafter.
+
+Order: models load once; one warm-up generation per method (short, on the first prompt); then
+prompt-major interleaving (for each prompt, every method in turn) so machine drift and other
+load on this shared box hit every method alike.
+
+Timing: prefill is EXCLUDED for everyone.
+  * cure: the engine times the prefill (the prompt minus its last token) apart; decode time is the
+    sum of every block's draft + tree + verify + commit time, over all n new tokens (the first
+    block forwards the last prompt token and emits token 1).
+  * transformers: `generate()` gives no per-step timings, so for every (prompt, method) we first
+    time a `generate(max_new_tokens=1)` with the SAME arguments (assistant, lookup) on the same
+    prompt: that is the prefill (one target forward over the prompt, emitting token 1, plus
+    generate()'s fixed setup cost; the assistant drafts nothing when only one token is wanted).
+    Then decode time = time(full generate) - time(1-token generate), over the n - 1 tokens after
+    the first. A TextStreamer-style timestamp of the first token was not used: in assisted and
+    prompt-lookup generation the first streamed chunk already includes a speculative step, so it
+    would drop decode work (and its accepted tokens) together with the prefill. The subtraction
+    is a difference of two wall times, so it carries the noise of both (small against a decode
+    of tens of tokens; check `prefill_ms` in the JSON when a generation is very short).
+  * Per-token cost is comparable: cure's n forwards make n tokens; transformers' n - 1 decode
+    forwards make the n - 1 tokens after the first. The draft model's own prompt processing
+    falls in decode time in both (cure: the first block's draft step; transformers: the first
+    assisted step), as it does in any real decoding.
+  tokens/s = decode tokens / decode seconds, summed over prompts; TPOT = its inverse in ms.
+  Speed ratios divide tokens/s by cure `ar` and by `hf_generate` (same run, same machine).
+
+Correctness: every method is lossless at temperature 0, so each output is compared token for
+token with `hf_generate` (same eos set, `max_new_tokens`; sampling knobs and repetition penalty of
+the checkpoint's generation_config overridden). In float32 they should all match; a mismatch is
+reported with its first differing position (a near-tie in the logits flipped by a different
+kernel/batch shape is the usual cause, not a lost token).
+
+tau (acceptance length) = new tokens / target forwards; for transformers methods the target
+forwards are counted with a forward hook (the prefill forward included, as it emits token 1).
+
+Threads: `--threads N`, else 1 when the 1-minute load average exceeds the core count (the box is
+shared), else every core. The choice and its reason are printed and written to the JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import torch  # noqa: E402
+
+SCHEMA = "cure.peers/1"
+HF_METHODS = {"generate": "hf_generate", "assisted": "hf_assisted", "prompt-lookup": "hf_prompt_lookup"}
+REFERENCE = "hf_generate"
+CURE_AR = "cure_ar"
+BLOCK_STRATEGIES = ("parallel", "cure", "ddtree")
+# Short code prompts for --tiny (the tiny models hold 512 positions; HumanEval prompts are longer in bytes).
+TINY_PROMPTS = (
+    ("tiny/0", "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n"),
+    ("tiny/1", "for i in range(10):\n    print(i)\nfor j in range(10):\n"),
+    ("tiny/2", "class Stack:\n    def __init__(self):\n        self.items = []\n"),
+    ("tiny/3", "import os\nimport sys\n\ndef main():\n    "),
+)
+
+
+# ---------------------------------------------------------------- environment
+
+def choose_threads(requested: int | None) -> tuple[int, str]:
+    """(threads, why): --threads wins; else 1 on a loaded box, else every core."""
+    cores = os.cpu_count() or 1
+    if requested is not None:
+        if requested < 1:
+            raise SystemExit(f"--threads must be >= 1, got {requested}")
+        return requested, "set with --threads"
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    if load > cores:
+        return 1, f"1-minute load average {load:.2f} > {cores} cores (shared box): 1 thread"
+    return cores, f"1-minute load average {load:.2f} <= {cores} cores: all cores"
+
+
+def environment(threads: int, why: str, device: str, dtype: str) -> dict:
+    import transformers
+    env = {
+        "python": platform.python_version(), "platform": platform.platform(), "machine": platform.machine(),
+        "torch": torch.__version__, "transformers": transformers.__version__,
+        "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "threads_requested": threads,
+        "threads_reason": why, "torch_interop_threads": torch.get_num_interop_threads(),
+        "device": device, "dtype": dtype,
+        "load_average_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }
+    try:
+        import rich
+        from importlib.metadata import version
+        env["rich"] = version("rich")
+        del rich
+    except Exception:  # noqa: BLE001 - informational only
+        env["rich"] = None
+    if device.startswith("cuda") and torch.cuda.is_available():
+        env["cuda_device"] = torch.cuda.get_device_name(torch.device(device))
+        env["cuda"] = torch.version.cuda
+    return env
+
+
+# ---------------------------------------------------------------- models and prompts
+
+@dataclass
+class Setup:
+    pair: object                                 # cure_core.engine.ModelPair
+    tokenizer: object
+    prompts: list[tuple[str, list[int]]]         # (task_id, ids)
+    models: dict
+    notes: list[str] = field(default_factory=list)
+    skipped: list[dict] = field(default_factory=list)
+    tmpdir: object = None                        # keeps --tiny's folder alive
+
+
+def load_setup(args) -> Setup:
+    from cure_core.models import encode_prompt, load_pair
+    notes: list[str] = []
+    if args.tiny:
+        from cure_core.tiny import save_tiny_pair
+        tmp = tempfile.TemporaryDirectory(prefix="cure-peers-")
+        tdir, ddir = save_tiny_pair(Path(tmp.name))
+        # the perturbed copy serves as both the PARD block drafter and the AR draft model
+        loaded = load_pair(str(tdir), str(ddir), drafter="pard", ar_draft=str(ddir), device=args.device,
+                           dtype=args.dtype)
+        problems = [(tid, text) for tid, text in TINY_PROMPTS[: args.limit]]
+        models = {"target": "tiny (in-process, random)", "draft": "tiny perturbed copy (PARD)",
+                  "ar_draft": "tiny perturbed copy", "drafter": "pard"}
+    else:
+        from cure_cli.datasets import load_humaneval
+        from cure_cli.defaults import AR_DRAFT_FOR
+        tmp = None
+        ar_draft = args.ar_draft or AR_DRAFT_FOR.get(args.target)
+        if args.ar_draft is None and ar_draft:
+            notes.append(f"--ar-draft defaulted to {ar_draft} for {args.target}")
+        if args.draft and args.drafter == "ar" and args.ar_draft is None:
+            ar_draft = None               # load_pair makes the --draft model the AR draft as well
+        loaded = load_pair(args.target, args.draft, drafter=args.drafter, ar_draft=ar_draft, device=args.device,
+                           dtype=args.dtype)
+        problems = [(p.task_id, p.prompt) for p in load_humaneval(args.limit)]
+        models = {"target": args.target, "draft": args.draft, "ar_draft": ar_draft or
+                  (args.draft if args.drafter == "ar" else None), "drafter": loaded.drafter_kind or args.drafter}
+    pair = loaded.pair
+    if pair.drafter is None and pair.ar_drafter is not None and args.drafter in ("ar", "auto"):
+        pair.drafter = pair.ar_drafter
+        notes.append("no block drafter given: parallel/cure/ddtree draft with the AR draft model (--drafter "
+                     f"{args.drafter})")
+    tok = loaded.tokenizer
+    prompts = [(tid, encode_prompt(tok, text, chat=False)) for tid, text in problems]
+    return Setup(pair=pair, tokenizer=tok, prompts=prompts, models=models, notes=notes, tmpdir=tmp)
+
+
+# ---------------------------------------------------------------- one generation per method
+
+class ForwardCounter:
+    """Counts top-level forward calls of a module (target forwards inside HF generate)."""
+
+    def __init__(self, module):
+        self.n = 0
+        module.register_forward_pre_hook(self._hook)
+
+    def _hook(self, *_):
+        self.n += 1
+
+
+@dataclass
+class Method:
+    name: str
+    kind: str                                    # "hf" | "cure"
+    settings: dict
+    run: Callable[[list[int], int], dict]        # (prompt ids, max_new_tokens) -> record
+
+
+def _clock(device: torch.device) -> Callable[[], float]:
+    if device.type == "cuda":
+        def now():
+            torch.cuda.synchronize(device)
+            return time.perf_counter()
+        return now
+    return time.perf_counter
+
+
+def hf_method(name: str, model, extra: dict, eos: Sequence[int], pad: int | None, counter: ForwardCounter) -> Method:
+    device = next(model.parameters()).device
+    now = _clock(device)
+    base = dict(do_sample=False, num_beams=1, repetition_penalty=1.0, no_repeat_ngram_size=0, min_new_tokens=0,
+                eos_token_id=list(eos), pad_token_id=pad, use_cache=True)
+
+    def generate(ids: list[int], max_new: int) -> tuple[list[int], float, int]:
+        x = torch.tensor([ids], device=device)
+        start_fwd = counter.n
+        with torch.inference_mode():
+            t0 = now()
+            out = model.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=max_new,
+                                 **base, **extra)
+            t1 = now()
+        return out[0, len(ids):].tolist(), (t1 - t0) * 1e3, counter.n - start_fwd
+
+    def run(ids: list[int], max_new: int) -> dict:
+        _, prefill_ms, _ = generate(ids, 1)          # prefill: the same call, one new token
+        tokens, total_ms, forwards = generate(ids, max_new)
+        decode_tokens = max(len(tokens) - 1, 0)
+        decode_ms = max(total_ms - prefill_ms, 0.0)
+        return {"tokens": tokens, "prefill_ms": prefill_ms, "total_ms": total_ms, "decode_ms": decode_ms,
+                "decode_tokens": decode_tokens, "target_forwards": forwards}
+
+    settings = {k: (v if not hasattr(v, "config") else "model") for k, v in extra.items()}
+    return Method(name, "hf", settings, run)
+
+
+def cure_method(strategy: str, pair, cfg) -> Method:
+    from cure_core.engine import Engine
+    from cure_core.metrics import summarize
+    engine = Engine(pair, cfg)
+
+    def run(ids: list[int], max_new: int) -> dict:
+        e = engine if max_new == cfg.max_new_tokens else Engine(pair, cfg.with_(max_new_tokens=max_new))
+        t0 = time.perf_counter()
+        blocks = list(e.generate(ids))
+        wall = (time.perf_counter() - t0) * 1e3
+        s = summarize(blocks)
+        return {"tokens": [t for b in blocks for t in b.emitted], "prefill_ms": s.prefill_ms,
+                "total_ms": wall, "decode_ms": s.decode_ms, "decode_tokens": s.new_tokens,
+                "target_forwards": s.blocks, "draft_ms": s.draft_ms, "tree_ms": s.tree_ms,
+                "verify_ms": s.verify_ms, "commit_ms": s.commit_ms, "mean_tree_size": s.mean_tree_size}
+
+    return Method(f"cure_{strategy}", "cure", cfg.to_dict(), run)
+
+
+def build_methods(args, setup: Setup) -> list[Method]:
+    from cure_core.config import ConfigError, DecodeConfig
+    pair, tok = setup.pair, setup.tokenizer
+    eos = list(pair.eos_ids)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else (eos[0] if eos else None)
+    counter = ForwardCounter(pair.target)
+    methods: list[Method] = []
+    hf = parse_list(args.hf)
+    if "generate" not in hf:
+        hf.insert(0, "generate")
+        setup.notes.append("hf generate always runs: it is the reference output")
+    for h in hf:
+        if h not in HF_METHODS:
+            raise SystemExit(f"unknown --hf method {h!r}; choose from {', '.join(HF_METHODS)}")
+    for h in hf:
+        name = HF_METHODS[h]
+        if h == "generate":
+            methods.append(hf_method(name, pair.target, {}, eos, pad, counter))
+        elif h == "assisted":
+            if pair.ar_drafter is None:
+                setup.skipped.append({"method": name, "reason": "no AR draft model (--ar-draft)"})
+                continue
+            assistant = pair.ar_drafter.lm.model
+            if args.hf_assistant_tokens is not None:
+                assistant.generation_config.num_assistant_tokens = args.hf_assistant_tokens
+                assistant.generation_config.num_assistant_tokens_schedule = "constant"
+            gc = assistant.generation_config
+            m = hf_method(name, pair.target, {"assistant_model": assistant}, eos, pad, counter)
+            m.settings["assistant_model"] = setup.models.get("ar_draft")
+            defaults = gc._get_default_generation_params()
+            for key in ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold"):
+                val = getattr(gc, key, None)
+                m.settings[key] = val if val is not None else defaults.get(key)
+            methods.append(m)
+        else:
+            methods.append(hf_method(name, pair.target, {"prompt_lookup_num_tokens": args.prompt_lookup_tokens,
+                                                          "max_matching_ngram_size": args.prompt_lookup_ngram},
+                                     eos, pad, counter))
+    for s in parse_list(args.strategies):
+        try:
+            cfg = DecodeConfig(strategy=s, k=args.k, max_new_tokens=args.max_new_tokens, v_max=args.v_max)
+            methods.append(cure_method(s, pair, cfg))
+        except ConfigError as e:
+            reason = "no AR draft model (--ar-draft, or --draft D --drafter ar)" if s == "sd" else str(e)
+            setup.skipped.append({"method": f"cure_{s}", "reason": reason})
+    return methods
+
+
+def parse_list(text: str | None) -> list[str]:
+    out: list[str] = []
+    for part in (text or "").split(","):
+        part = part.strip().lower()
+        if part and part not in out:
+            out.append(part)
+    return out
+
+
+# ---------------------------------------------------------------- aggregation
+
+def _rate(tokens: int, ms: float) -> float | None:
+    return 1e3 * tokens / ms if ms > 0 and tokens > 0 else None
+
+
+def first_mismatch(a: Sequence[int], b: Sequence[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def summarize_methods(methods: Sequence[Method], results: list[dict]) -> dict:
+    out: dict[str, dict] = {}
+    for m in methods:
+        rows = [r for r in results if r["method"] == m.name]
+        dt = sum(r["decode_tokens"] for r in rows)
+        dms = sum(r["decode_ms"] for r in rows)
+        new = sum(r["new_tokens"] for r in rows)
+        fwd = sum(r["target_forwards"] for r in rows)
+        tps = _rate(dt, dms)
+        out[m.name] = {
+            "kind": m.kind, "prompts": len(rows), "new_tokens": new, "decode_tokens": dt, "decode_ms": dms,
+            "tokens_per_s": tps, "tpot_ms": 1e3 / tps if tps else None,
+            "prefill_ms_mean": statistics.mean(r["prefill_ms"] for r in rows) if rows else None,
+            "tau": new / fwd if fwd else None, "target_forwards": fwd,
+            "matches_hf_greedy": sum(r["matches_hf_greedy"] for r in rows),
+            "all_match_hf_greedy": all(r["matches_hf_greedy"] for r in rows),
+        }
+    for ref, key in ((CURE_AR, "speedup_vs_cure_ar"), (REFERENCE, "speedup_vs_hf_generate")):
+        base = out.get(ref, {}).get("tokens_per_s")
+        for name, s in out.items():
+            s[key] = s["tokens_per_s"] / base if base and s["tokens_per_s"] else None
+            # per-prompt ratios: the median is robust to one slow prompt
+            ratios = []
+            for r in results:
+                if r["method"] != name:
+                    continue
+                b = next((x for x in results if x["method"] == ref and x["prompt_index"] == r["prompt_index"]), None)
+                if b and b["tokens_per_s"] and r["tokens_per_s"]:
+                    ratios.append(r["tokens_per_s"] / b["tokens_per_s"])
+            s[key + "_per_prompt_median"] = statistics.median(ratios) if ratios else None
+    return out
+
+
+# ---------------------------------------------------------------- output
+
+def render(console, summary: dict, n_prompts: int) -> None:
+    from rich.table import Table
+
+    def f(x, fmt):
+        return "-" if x is None else format(x, fmt)
+
+    t = Table(title=f"peers: {n_prompts} prompt(s), greedy, prefill excluded")
+    t.add_column("method", no_wrap=True)
+    for col, just in ( ("decode tok", "right"), ("tok/s", "right"), ("TPOT ms", "right"),
+                      ("prefill ms", "right"), ("tau", "right"), ("x cure ar", "right"), ("x HF gen", "right"),
+                      ("= HF greedy", "right")):
+        t.add_column(col, justify=just)
+    for name, s in summary.items():
+        match = f"{s['matches_hf_greedy']}/{s['prompts']}"
+        t.add_row(name, str(s["decode_tokens"]), f(s["tokens_per_s"], ".2f"), f(s["tpot_ms"], ".1f"),
+                  f(s["prefill_ms_mean"], ".0f"), f(s["tau"], ".2f"), f(s["speedup_vs_cure_ar"], ".2f"),
+                  f(s["speedup_vs_hf_generate"], ".2f"),
+                  match if s["all_match_hf_greedy"] else f"[red]{match}[/red]")
+    console.print(t)
+
+
+def _clean(obj):
+    """JSON-safe: non-finite floats become null."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def parse_args(argv: Sequence[str] | None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default="qwen-coder-1.5b")
+    ap.add_argument("--ar-draft", default=None, help="AR draft for sd and HF assisted generation "
+                    "(default for qwen-coder-1.5b: qwen-coder-0.5b)")
+    ap.add_argument("--draft", default=None, help="block drafter for parallel/cure/ddtree")
+    ap.add_argument("--drafter", default="auto", choices=("auto", "pard", "ar", "dflash"))
+    ap.add_argument("--strategies", default="ar,sd,parallel,cure,ddtree")
+    ap.add_argument("--hf", default="generate,assisted,prompt-lookup", help="transformers methods to run")
+    ap.add_argument("--limit", type=int, default=20)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--k", type=int, default=6, help="cure block size (root + K-1 drafted)")
+    ap.add_argument("--v-max", type=int, default=64)
+    ap.add_argument("--hf-assistant-tokens", type=int, default=None,
+                    help="fix HF assisted generation's draft length (constant schedule); default: HF's own")
+    ap.add_argument("--prompt-lookup-tokens", type=int, default=10)
+    ap.add_argument("--prompt-lookup-ngram", type=int, default=2)
+    ap.add_argument("--warmup-tokens", type=int, default=8, help="tokens of each method's warm-up generation (0: none)")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--tiny", action="store_true", help="in-process tiny random models (fast smoke run)")
+    ap.add_argument("--json", default=None, metavar="OUT.json")
+    ap.add_argument("--quiet", action="store_true", help="no per-generation progress lines")
+    args = ap.parse_args(argv)
+    if args.limit < 1 or args.max_new_tokens < 1:
+        ap.error("--limit and --max-new-tokens must be >= 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    from rich.console import Console
+    args = parse_args(argv)
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=max(console.width, 120))   # piped/captured: keep the table on one line per row
+    threads, why = choose_threads(args.threads)
+    torch.set_num_threads(threads)
+    console.print(f"threads: {threads} ({why})")
+    env = environment(threads, why, args.device, args.dtype)
+
+    t_load = time.perf_counter()
+    setup = load_setup(args)
+    methods = build_methods(args, setup)
+    load_s = time.perf_counter() - t_load
+    for n in setup.notes:
+        console.print(f"note: {n}")
+    for s in setup.skipped:
+        console.print(f"skipped {s['method']}: {s['reason']}")
+    console.print(f"loaded in {load_s:.1f}s; {len(setup.prompts)} prompt(s); methods: "
+                  + ", ".join(m.name for m in methods))
+
+    # warm-up: one short generation per method on the first prompt. Assisted generation imports
+    # sklearn lazily once it has enough draft statistics (its adaptive confidence threshold), which a
+    # short warm-up may not reach: import it here so the import never lands inside a timed run.
+    if any(m.name == "hf_assisted" for m in methods):
+        try:
+            import sklearn.metrics  # noqa: F401
+        except ImportError:
+            pass
+    warm = min(args.warmup_tokens, args.max_new_tokens)
+    if warm > 0:
+        for m in methods:
+            m.run(setup.prompts[0][1], warm)
+
+    results: list[dict] = []
+    total = len(setup.prompts) * len(methods)
+    done = 0
+    for pi, (tid, ids) in enumerate(setup.prompts):
+        ref_tokens = None
+        for m in methods:
+            rec = m.run(ids, args.max_new_tokens)
+            if m.name == REFERENCE:
+                ref_tokens = rec["tokens"]
+            mm = first_mismatch(rec["tokens"], ref_tokens)
+            tps = _rate(rec["decode_tokens"], rec["decode_ms"])
+            results.append({"prompt_index": pi, "task_id": tid, "method": m.name, "prompt_tokens": len(ids),
+                            "new_tokens": len(rec["tokens"]), **rec, "tokens_per_s": tps,
+                            "tpot_ms": 1e3 / tps if tps else None, "matches_hf_greedy": mm is None,
+                            "first_mismatch": mm})
+            done += 1
+            if not args.quiet:
+                console.print(f"[{done}/{total}] {tid} {m.name}: {len(rec['tokens'])} tok, "
+                              f"{'-' if tps is None else f'{tps:.2f}'} tok/s"
+                              + ("" if mm is None else f", [red]differs from HF greedy at token {mm}[/red]"))
+
+    summary = summarize_methods(methods, results)
+    render(console, summary, len(setup.prompts))
+    env["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    report = _clean({
+        "schema": SCHEMA,
+        "environment": env,
+        "config": {"tiny": args.tiny, "limit": args.limit, "max_new_tokens": args.max_new_tokens, "k": args.k,
+                   "v_max": args.v_max, "strategies": parse_list(args.strategies), "hf": parse_list(args.hf),
+                   "warmup_tokens": warm, "temperature": 0.0, "prompt_encoding": "raw",
+                   "dataset": "tiny built-in" if args.tiny else "humaneval"},
+        "models": setup.models,
+        "timing": {"prefill": "excluded; hf: time of generate(max_new_tokens=1) with the same arguments, "
+                              "subtracted from the full generate, decode tokens = new - 1; cure: engine prefill "
+                              "timing, decode tokens = new",
+                   "order": "warm-up per method, then prompt-major interleaving", "load_s": load_s},
+        "methods": [{"name": m.name, "kind": m.kind, "lossless": True, "settings": m.settings} for m in methods],
+        "skipped": setup.skipped,
+        "notes": setup.notes,
+        "summary": summary,
+        "results": results,
+    })
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+        console.print(f"wrote {args.json}")
+    if setup.tmpdir is not None:
+        setup.tmpdir.cleanup()
+    return report
+
+
+if __name__ == "__main__":
+    main()

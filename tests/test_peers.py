@@ -1,0 +1,85 @@
+"""Smoke test of benchmarks/peers.py on in-process tiny models: JSON schema and lossless outputs."""
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "peers.py"
+
+
+@pytest.fixture(scope="module")
+def peers():
+    spec = importlib.util.spec_from_file_location("cure_bench_peers", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def report(peers, tmp_path_factory):
+    out = tmp_path_factory.mktemp("peers") / "peers.json"
+    ret = peers.main(["--tiny", "--limit", "2", "--max-new-tokens", "6", "--k", "4", "--threads", "1",
+                      "--warmup-tokens", "2", "--quiet", "--json", str(out)])
+    on_disk = json.loads(out.read_text())
+    assert on_disk == json.loads(json.dumps(ret))          # what main returns is what it wrote
+    return on_disk
+
+
+HF = ["hf_generate", "hf_assisted", "hf_prompt_lookup"]
+CURE = ["cure_ar", "cure_sd", "cure_parallel", "cure_cure", "cure_ddtree"]
+
+
+def test_schema(report):
+    assert report["schema"] == "cure.peers/1"
+    for key in ("environment", "config", "models", "timing", "methods", "skipped", "notes", "summary", "results"):
+        assert key in report, key
+    env = report["environment"]
+    for key in ("python", "torch", "transformers", "cpu_count", "torch_threads", "threads_reason", "device", "dtype"):
+        assert key in env, key
+    assert env["torch_threads"] == 1 and env["device"] == "cpu"
+    assert report["config"]["tiny"] is True and report["config"]["max_new_tokens"] == 6
+    assert [m["name"] for m in report["methods"]] == HF + CURE and report["skipped"] == []
+    assert list(report["summary"]) == HF + CURE
+    for name, s in report["summary"].items():
+        for key in ("tokens_per_s", "tpot_ms", "prefill_ms_mean", "tau", "decode_tokens", "speedup_vs_cure_ar",
+                    "speedup_vs_hf_generate", "matches_hf_greedy", "all_match_hf_greedy"):
+            assert key in s, (name, key)
+        assert s["prompts"] == 2 and s["tokens_per_s"] > 0 and s["tpot_ms"] > 0
+        assert s["tpot_ms"] == pytest.approx(1e3 / s["tokens_per_s"])
+    assert report["summary"]["cure_ar"]["speedup_vs_cure_ar"] == pytest.approx(1.0)
+    assert report["summary"]["hf_generate"]["speedup_vs_hf_generate"] == pytest.approx(1.0)
+    assert report["summary"]["hf_generate"]["tau"] == pytest.approx(1.0)
+    assert report["summary"]["cure_ar"]["tau"] == pytest.approx(1.0)
+    assert len(report["results"]) == 2 * len(HF + CURE)
+    for r in report["results"]:
+        for key in ("prompt_index", "task_id", "method", "prompt_tokens", "tokens", "new_tokens", "prefill_ms",
+                    "decode_ms", "decode_tokens", "tokens_per_s", "tpot_ms", "matches_hf_greedy", "first_mismatch"):
+            assert key in r, key
+        assert r["prefill_ms"] > 0 and r["decode_ms"] > 0
+        # prefill excluded: HF decodes the n - 1 tokens after the prefill's, cure all n
+        assert r["decode_tokens"] == r["new_tokens"] - (1 if r["method"].startswith("hf_") else 0)
+
+
+def test_every_lossless_method_matches_hf_greedy(report):
+    for m in report["methods"]:
+        assert m["lossless"]
+        s = report["summary"][m["name"]]
+        assert s["all_match_hf_greedy"] and s["matches_hf_greedy"] == 2, m["name"]
+    for r in report["results"]:
+        assert r["first_mismatch"] is None and r["new_tokens"] > 1, (r["method"], r["task_id"])
+
+
+def test_thread_choice(peers, monkeypatch):
+    assert peers.choose_threads(3) == (3, "set with --threads")
+    monkeypatch.setattr(peers.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(peers.os, "getloadavg", lambda: (5.0, 4.0, 3.0))
+    assert peers.choose_threads(None)[0] == 1
+    monkeypatch.setattr(peers.os, "getloadavg", lambda: (0.5, 0.5, 0.5))
+    assert peers.choose_threads(None)[0] == 2
+
+
+def test_first_mismatch(peers):
+    assert peers.first_mismatch([1, 2, 3], [1, 2, 3]) is None
+    assert peers.first_mismatch([1, 9, 3], [1, 2, 3]) == 1
+    assert peers.first_mismatch([1, 2], [1, 2, 3]) == 2
