@@ -170,8 +170,10 @@ def load_setup(args) -> Setup:
     pair = loaded.pair
     if pair.drafter is None and pair.ar_drafter is not None and args.drafter in ("ar", "auto"):
         pair.drafter = pair.ar_drafter
-        notes.append("no block drafter given: parallel/cure/ddtree draft with the AR draft model (--drafter "
-                     f"{args.drafter})")
+        block = [s for s in parse_list(args.strategies) if s in BLOCK_STRATEGIES]
+        if block:
+            notes.append(f"no block drafter given: {'/'.join(block)} draft with the AR draft model "
+                         f"(--drafter {args.drafter})")
     tok = loaded.tokenizer
     prompts = [(tid, encode_prompt(tok, text, chat=False)) for tid, text in problems]
     return Setup(pair=pair, tokenizer=tok, prompts=prompts, models=models, notes=notes, tmpdir=tmp)

@@ -3,8 +3,13 @@ from __future__ import annotations
 
 import typer
 
+from .analyze_cmd import analyze
+from .bench_cmd import bench
+from .chat_cmd import chat
 from .generate import generate
+from .inspect_cmd import inspect
 from .models_cmd import models
+from .train_cmd import train_drafter
 
 app = typer.Typer(
     name="cure",
@@ -14,11 +19,12 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.command()(generate)
+app.command()(chat)
+app.command()(bench)
+app.command()(inspect)
+app.command()(analyze)
 app.command()(models)
-app.command()(__import__("cure_cli.bench_cmd", fromlist=["bench"]).bench)
-app.command()(__import__("cure_cli.analyze_cmd", fromlist=["analyze"]).analyze)
-app.command("chat")(__import__("cure_cli.chat_cmd", fromlist=["chat"]).chat)
-app.command("inspect")(__import__("cure_cli.inspect_cmd", fromlist=["inspect"]).inspect)
+app.command("train-drafter")(train_drafter)
 
 if __name__ == "__main__":
     app()

@@ -1,6 +1,7 @@
 """Smoke test of benchmarks/peers.py on in-process tiny models: JSON schema and lossless outputs."""
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,8 +13,10 @@ SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "peers.py"
 def peers():
     spec = importlib.util.spec_from_file_location("cure_bench_peers", SCRIPT)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod                          # dataclasses look their module up there
     spec.loader.exec_module(mod)
-    return mod
+    yield mod
+    sys.modules.pop(spec.name, None)
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import typer
 from rich.text import Text
 from textual.widgets import Input, Static
 from typer.testing import CliRunner
@@ -22,13 +23,15 @@ from cure_core.engine import Engine, GenerationError, ModelPair
 from cure_core.models import LoadedPair, encode_prompt
 from cure_core.tiny import BYTE_VOCAB, EOS_ID, MASK_ID, byte_tokenizer
 from cure_core.trace import read_trace
-from cure_cli.main import app as cli
+from cure_cli.chat_cmd import chat as chat_command
+from cure_cli.inspect_cmd import inspect as inspect_command
 from cure_cli.tui.app_chat import ChatApp, SettingsScreen
 from cure_cli.tui.app_inspect import InspectApp
 from cure_cli.tui.engine_protocol import ChatEngine, ModelEngine, ReplayEngine
 from cure_cli.tui.messages import BlocksReady
 from cure_cli.tui.tokens import TokenText
-from cure_cli.tui.widgets import HelpScreen, JumpScreen, MarginsChart, RepairTree, StatsPanel, render_margins, render_tree
+from cure_cli.tui.widgets import (HelpScreen, JumpScreen, MarginsChart, RepairTree, StatsPanel, render_margins,
+                                  render_tree)
 
 SAMPLE = Path(__file__).parent / "data" / "sample_trace.jsonl"
 REPAIR_WINS = [8, 10, 12, 15]
@@ -128,7 +131,7 @@ async def test_chat_replay_streams_text_and_draws_tree(sample, tok):
         assert app.selected == 0 and app.query_one(RepairTree).block is sample.blocks[0]
         app.action_select_block(REPAIR_WINS[0])
         await pilot.pause()
-        assert f"★r" in tree_text(app) and "vs b0" in tree_text(app)
+        assert "★r" in tree_text(app) and "vs b0" in tree_text(app)
 
 
 async def test_chat_save_trace_roundtrips(sample, tok, tmp_path):
@@ -193,8 +196,8 @@ async def test_chat_real_engine_tiny_models(tiny_engine, tok):
         out = [t for b in turn.blocks for t in b.emitted]
         assert len(out) == 10
         # lossless: the same tokens as plain AR decoding of the same prompt
-        ar = [t for b in Engine(tiny_engine.pair, cfg.with_(strategy="ar")).generate(turn.prompt_ids) for t in b.emitted]
-        assert out == ar
+        ar_blocks = Engine(tiny_engine.pair, cfg.with_(strategy="ar")).generate(turn.prompt_ids)
+        assert out == [t for b in ar_blocks for t in b.emitted]
         assert turn.prompt_ids == encode_prompt(tok, "hi", True)
         assert app.query_one(RepairTree).block is turn.blocks[-1]
         assert f"block {len(turn.blocks) - 1}" in tree_text(app)
@@ -203,7 +206,8 @@ async def test_chat_real_engine_tiny_models(tiny_engine, tok):
         await ask(pilot, app, "more")
         second = app.turns[1]
         assert second.status == "done"
-        history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": tok.decode(out, skip_special_tokens=True)}]
+        history = [{"role": "user", "content": "hi"},
+                   {"role": "assistant", "content": tok.decode(out, skip_special_tokens=True)}]
         assert second.prompt_ids == encode_prompt(tok, "more", True, history=history)
 
 
@@ -255,6 +259,12 @@ async def test_settings_validate_and_apply(sample, tok):
         await pilot.press("enter")                                    # Enter in a field applies too
         assert not isinstance(app.screen, SettingsScreen)
         assert (app.cfg.k, app.cfg.tau_margin, app.cfg.b_max, app.cfg.v_max) == (6, 0.5, 3, 32)
+        assert not app.cfg.auto_budget
+        await pilot.press("f2")
+        app.screen.query_one("#set-vmax", Input).value = "auto"          # cost-aware budget, as --v-max auto
+        app.screen.query_one("#set-vmax", Input).focus()
+        await pilot.press("enter")
+        assert app.cfg.auto_budget and app.cfg.v_max == 64
         await pilot.press("ctrl+t")                                   # next strategy
         assert app.cfg.strategy == "ddtree"
 
@@ -269,6 +279,9 @@ async def test_help_screen_lists_bindings(sample, tok):
         assert "ctrl+s" in text and "Stop" in text and "branch 0" in text
         await pilot.press("escape")
         assert not isinstance(app.screen, HelpScreen)
+        await pilot.press("s", "l", "question_mark")                  # typed into the prompt, not bindings
+        assert app.query_one("#prompt", Input).value == "sl?" and not isinstance(app.screen, HelpScreen)
+        assert not app._notifications
         await pilot.press("escape")                                   # idle: leave the input; `?` then works
         await pilot.press("question_mark")
         assert isinstance(app.screen, HelpScreen)
@@ -335,7 +348,7 @@ def test_tokens_are_readable_escaped_text(tok):
     tt = TokenText(tok)
     ids = list("é x\n".encode()) + [0x9A, 258]
     assert [tt.label(i) for i in ids] == ["\\xc3", "\\xa9", "␣", "x", "\\n", "\\x9a", "<|im_end|>"]
-    assert tt.display(ids) == "é x\n\\x9a"                      # multi-byte joined, invalid byte escaped, special dropped
+    assert tt.display(ids) == "é x\n\\x9a"      # multi-byte joined, invalid byte escaped, special dropped
     assert TokenText(None).label(42) == "<42>"
 
 
@@ -343,17 +356,23 @@ def test_tree_and_margins_render_without_colour(sample, tok):
     tt = TokenText(tok)
     block = sample.blocks[REPAIR_WINS[0]]
     text = render_tree(block, tt).plain
-    assert "✓" in text and "✗" in text and "★r" in text and "◆" in text and f"UFP d{block.ufps[0].position + 1}" in text
+    assert "✓" in text and "✗" in text and "★r" in text and "◆" in text
+    assert f"UFP d{block.ufps[0].position + 1}" in text
     ar = sample.blocks[0].__class__(**{**sample.blocks[0].__dict__, "nodes": (), "accepted": (), "draft": (),
                                         "margins": (), "ufps": (), "strategy": "ar"})
     assert "no draft tree" in render_tree(ar, tt).plain
     chart = render_margins(block, 1.0, 38, 4).plain
     assert "τ" in chart and "▲" in chart
-    assert "no draft margins" in render_margins(ar, 1.0, 38, 4).plain
+    assert "ar: no draft margins" in render_margins(ar, 1.0, 38, 4).plain
     assert isinstance(render_tree(None, tt), Text)
 
 
 # ---- the commands: errors are one clear line, never a traceback --------------------------------
+
+cli = typer.Typer(pretty_exceptions_enable=False)     # just these two commands (as cure_cli.main registers them)
+cli.command("chat")(chat_command)
+cli.command("inspect")(inspect_command)
+
 
 def _run(args):
     result = CliRunner().invoke(cli, args)

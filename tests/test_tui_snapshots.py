@@ -41,13 +41,16 @@ async def one_answer(pilot) -> None:
 
 
 def test_chat_after_one_answer(snap_compare, tok):
-    assert snap_compare(chat_app(tok), terminal_size=(80, 24), run_before=one_answer)
-
-
-def test_chat_after_one_answer_large(snap_compare, tok):
     async def run_before(pilot):
         await one_answer(pilot)
-        await pilot.press("ctrl+up", "ctrl+up", "ctrl+up", "ctrl+up", "ctrl+up", "ctrl+up")   # block 15: a repair win
+        await pilot.press(*["ctrl+up"] * 6)          # select block 15 (a repair win): tree, margins, stats follow
+    assert snap_compare(chat_app(tok), terminal_size=(80, 24), run_before=run_before)
+
+
+def test_chat_after_one_answer_large_with_help(snap_compare, tok):
+    async def run_before(pilot):
+        await one_answer(pilot)
+        await pilot.press("ctrl+up", "f1")             # block 20, then the key list over it
     assert snap_compare(chat_app(tok), terminal_size=(140, 40), run_before=run_before)
 
 

@@ -25,8 +25,8 @@ from cure_core.errors import CureError
 
 from .engine_protocol import ChatEngine
 from .messages import BlockBuffer, BlocksReady, CalibrationDone, TurnFinished, TurnStarted
-from .widgets import (TREE_LEGEND, TREE_LEGEND_SHORT, AnswerText, AnswerView, HelpScreen, MarginsChart, RepairTree, StatsPanel,
-                      binding_rows, origin_legend, stats_view, tree_legend)
+from .widgets import (TREE_LEGEND, TREE_LEGEND_SHORT, AnswerText, AnswerView, HelpScreen, MarginsChart, RepairTree,
+                      StatsPanel, binding_rows, origin_legend, stats_view, tree_legend)
 
 LEGEND_MARKUP = "[green]branch 0[/] [b magenta u]repair[/] [i cyan]bonus[/]"
 
@@ -63,7 +63,7 @@ class SettingsScreen(ModalScreen[DecodeConfig | None]):
     """
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
     FIELDS = (("K (block size)", "set-k", "k", "integer"), ("tau_margin", "set-tau", "tau_margin", "number"),
-              ("b_max", "set-bmax", "b_max", "integer"), ("V_max", "set-vmax", "v_max", "integer"),
+              ("b_max", "set-bmax", "b_max", "integer"), ("V_max (or auto)", "set-vmax", "v_max", "text"),
               ("max new tokens", "set-maxnew", "max_new_tokens", "integer"))
 
     def __init__(self, cfg: DecodeConfig, engine: ChatEngine):
@@ -78,7 +78,7 @@ class SettingsScreen(ModalScreen[DecodeConfig | None]):
             v.border_subtitle = "applies from the next turn"
             yield Select([(s, s) for s in STRATEGIES], value=c.strategy, allow_blank=False, id="set-strategy")
             for label, wid, attr, kind in self.FIELDS:
-                value = getattr(c, attr)
+                value = "auto" if attr == "v_max" and getattr(c, "auto_budget", False) else getattr(c, attr)
                 with Horizontal(classes="row"):
                     yield Label(label)
                     yield Input(f"{value:g}" if isinstance(value, float) else str(value), type=kind, id=wid)
@@ -95,11 +95,14 @@ class SettingsScreen(ModalScreen[DecodeConfig | None]):
             except ValueError:
                 raise CureError(f"{widget_id[5:]}: {raw!r} is not a number") from None
 
+        from ..common import parse_v_max
         strategy = self.query_one("#set-strategy", Select).value
-        b_max = num("#set-bmax", int)
-        cfg = self.cfg.with_(strategy=str(strategy), k=num("#set-k", int), tau_margin=num("#set-tau", float),
-                             b_max=b_max, b_min=min(self.cfg.b_min, b_max), v_max=num("#set-vmax", int),
-                             top_k=max(self.cfg.top_k, b_max + 1), max_new_tokens=num("#set-maxnew", int))
+        b_max, k = num("#set-bmax", int), num("#set-k", int)
+        v_max, auto = parse_v_max(self.query_one("#set-vmax", Input).value)   # a number, or auto (cost-aware)
+        budget = {"auto_budget": auto} if "auto_budget" in DecodeConfig.__dataclass_fields__ else {}
+        cfg = self.cfg.with_(strategy=str(strategy), k=k, tau_margin=num("#set-tau", float),
+                             b_max=b_max, b_min=min(self.cfg.b_min, b_max), v_max=max(v_max, k - 1) if auto else v_max,
+                             top_k=max(self.cfg.top_k, b_max + 1), max_new_tokens=num("#set-maxnew", int), **budget)
         self.engine.check(cfg)
         return cfg
 
@@ -150,9 +153,10 @@ class ChatApp(App):
     """
     BINDINGS = [
         Binding("ctrl+c", "stop", "Stop", show=False, priority=True, tooltip="Stop the answer being generated"),
-        Binding("escape", "stop_or_leave", "Stop", tooltip="Stop the answer; when idle, leave the input (single keys work)"),
+        Binding("escape", "stop_or_leave", "Stop",
+                tooltip="Stop the answer; idle: leave the input (for single keys)"),
         Binding("ctrl+s", "save", "Save", tooltip="Save the session's trace (JSONL, for `cure inspect`)"),
-        Binding("s", "save", "Save", show=False, tooltip="Save the trace (when the input is not focused)"),
+        Binding("s", "save", "Save", show=False, tooltip="Save the trace (input not focused)"),
         Binding("f2,ctrl+o", "settings", "Settings", tooltip="Strategy, K, tau_margin, b_max, V_max"),
         Binding("ctrl+t", "cycle_strategy", "Strategy", tooltip="Next strategy (ar sd parallel cure ddtree)"),
         Binding("ctrl+up,left_square_bracket", "select_step(-1)", "Prev block", show=False,
@@ -213,7 +217,8 @@ class ChatApp(App):
 
     @staticmethod
     def _cfg_line(c: DecodeConfig) -> str:
-        return (f"{c.strategy} · K={c.k} · τ_margin={c.tau_margin:g} · b_max={c.b_max} · V_max={c.v_max} · "
+        v_max = f"auto≤{c.v_max}" if getattr(c, "auto_budget", False) else str(c.v_max)
+        return (f"{c.strategy} · K={c.k} · τ_margin={c.tau_margin:g} · b_max={c.b_max} · V_max={v_max} · "
                 f"max {c.max_new_tokens} tokens")
 
     def on_mount(self) -> None:

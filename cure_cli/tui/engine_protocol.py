@@ -116,7 +116,8 @@ class ReplayEngine:
         self.generations = gens
         self.tokens = TokenText(tokenizer)
         self.models = dict(self.trace.header.get("models") or {})
-        self.label = "replay of " + (self.models.get("target") or "a trace")
+        draft = self.models.get("draft") or self.models.get("ar_draft")
+        self.label = "replay of " + (self.models.get("target") or "a trace") + (f" ← {draft}" if draft else "")
         self.delay = delay
         self.calibration_note = "the trace's ar run"
         self._next = 0

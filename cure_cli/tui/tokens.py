@@ -18,7 +18,7 @@ _ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\\": "\\\\"}
 
 def _byte_decoder() -> dict[str, int]:
     """The inverse of GPT-2's bytes_to_unicode table (byte-level BPE token strings -> bytes)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     cs = bs[:]
     n = 0
     for b in range(256):
@@ -79,7 +79,10 @@ class TokenText:
             probe = "".join(tokenizer.convert_ids_to_tokens(tokenizer.encode(" a\n", add_special_tokens=False)))
         except Exception:  # noqa: BLE001 - any odd tokenizer: fall back to decode()
             probe = ""
-        self._mode = "bytelevel" if "Ġ" in probe or "Ċ" in probe else ("sentencepiece" if "▁" in probe else "decode")
+        if "Ġ" in probe or "Ċ" in probe:
+            self._mode = "bytelevel"
+        else:
+            self._mode = "sentencepiece" if "▁" in probe else "decode"
 
     @property
     def has_tokenizer(self) -> bool:

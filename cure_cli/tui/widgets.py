@@ -14,9 +14,11 @@ from typing import Sequence
 from rich.style import Style
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.containers import ScrollableContainer
+from textual.binding import Binding
+from textual.containers import ScrollableContainer, Vertical
+from textual.screen import ModalScreen
 from textual.widget import Widget
-from textual.widgets import Static
+from textual.widgets import Input, Label, Static
 
 from cure_core.block import Block
 from cure_core.metrics import summarize
@@ -150,8 +152,8 @@ def render_tree(block: Block | None, tokens: TokenText, cell: int = 8) -> Text:
     t.append(" +bonus ")
     t.append(lab(block.bonus, 12), ORIGIN_STYLES["bonus"])
     if not block.nodes:
-        why = "ar drafts nothing" if block.strategy == "ar" else "nothing drafted (no room left)"
-        t.append(f"\nno draft tree: {why}; the target emits one token", Style(dim=True))
+        why = "ar drafts nothing" if block.strategy == "ar" else "no room left to draft"
+        t.append(f"\nno draft tree: {why}", Style(dim=True))
         return t
     if winner is not None:
         won = block.repair_won
@@ -264,7 +266,8 @@ def render_margins(block: Block | None, tau: float, width: int, height: int) -> 
     tau_margin threshold as a dashed line; positions under it in yellow, chosen UFPs red and ▲."""
     t = Text(no_wrap=True, overflow="crop")
     if block is None or not block.margins:
-        why = "no block yet" if block is None else f"{block.strategy}: no draft margins"
+        why = ("no block yet" if block is None else "ar: no draft margins" if block.strategy == "ar"
+               else "no draft margins: no room left to draft")
         t.append(why, Style(dim=True))
         return t
     margins = list(block.margins)
@@ -437,10 +440,6 @@ class StatsPanel(Widget):
 
 # ---- small modal screens shared by both apps -----------------------------------------------------
 
-from textual.binding import Binding  # noqa: E402
-from textual.containers import Vertical  # noqa: E402
-from textual.screen import ModalScreen  # noqa: E402
-from textual.widgets import Input, Label  # noqa: E402
 
 
 def key_label(keys: str) -> str:
@@ -456,6 +455,7 @@ class HelpScreen(ModalScreen[None]):
     HelpScreen { align: center middle; }
     HelpScreen > Vertical { width: auto; max-width: 90%; height: auto; max-height: 90%;
                             border: round $accent; padding: 0 1; background: $surface; }
+    HelpScreen Static { width: auto; height: auto; }
     """
     BINDINGS = [Binding("escape,q,question_mark,f1,enter", "dismiss_help", "Close")]
 

@@ -1,0 +1,62 @@
+"""From a training spec to cached target features: corpus -> chunks -> features (shared by both kinds)."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from . import corpus as C
+from .features import FeatureSet, extract
+
+
+@dataclass
+class DataSpec:
+    corpus: list[str] = field(default_factory=lambda: ["stdlib"])   # stdlib | self-distill | FILE/DIR paths
+    seq_len: int = 256
+    max_tokens: int | None = 60_000          # training tokens to extract (None: all)
+    heldout_frac: float = 0.05
+    seed: int = 0
+    distill_prompts: int = 64                # self-distill: prompts from stdlib function signatures
+    distill_tokens: int = 128                # self-distill: greedy tokens per prompt
+
+
+def default_layer_ids(n_layers: int) -> list[int]:
+    """Three taps: a quarter, half way, and the input of the last decoder layer (whose weights
+    initialise the draft layer, so that tap lets the drafter start from the target's own last step)."""
+    return sorted({max(0, n_layers // 4), max(0, n_layers // 2), max(0, n_layers - 2)})
+
+
+def build_docs(spec: DataSpec, model=None, tokenizer=None, progress: Callable | None = None) -> tuple[list, list]:
+    """-> (train docs, held-out docs)."""
+    train, held = [], []
+    for src in spec.corpus:
+        if src == "stdlib":
+            docs = C.stdlib_docs()
+        elif src == "self-distill":
+            if model is None:
+                raise ValueError("self-distill needs the target model")
+            prompts = C.signature_prompts(C.stdlib_docs(), spec.distill_prompts, seed=spec.seed)
+            docs = C.self_distill_docs(model, tokenizer, prompts, spec.distill_tokens, progress=progress)
+        else:
+            docs = C.file_docs([src])
+        tr, he = C.split_docs(docs, spec.heldout_frac, spec.seed)
+        train += tr
+        held += he
+    if not train:
+        raise ValueError(f"the corpus {spec.corpus} has no training text")
+    return train, held
+
+
+def prepare_features(spec: DataSpec, model, tokenizer, target_name: str, layer_ids: list[int], folder: Path,
+                     min_len: int, progress_factory=None) -> tuple[FeatureSet, list, list[list[int]]]:
+    """-> (features of the training chunks, held-out docs, training chunks)."""
+    train, held = build_docs(spec, model, tokenizer)
+    enc = lambda s: tokenizer.encode(s, add_special_tokens=False)   # noqa: E731
+    chunks = C.chunk_docs(train, enc, spec.seq_len, min_len, spec.max_tokens, seed=spec.seed)
+    if not chunks:
+        raise ValueError("the corpus gave no chunk long enough to train on")
+    meta = {"target": target_name, "data": asdict(spec), "fingerprint": C.fingerprint(chunks)}
+    total = sum(len(c) for c in chunks)
+    progress = progress_factory("target features", total) if progress_factory else None
+    fs = extract(model, chunks, layer_ids, folder, meta, progress=progress)
+    return fs, held, chunks

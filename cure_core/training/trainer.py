@@ -1,0 +1,110 @@
+"""The training loop shared by both drafter kinds: seeded batches, AdamW with warmup + cosine decay,
+periodic atomic checkpoints and --resume.
+
+Every step's batch (chunks and anchors) comes from a generator seeded by (seed, step), so a run resumed
+from a checkpoint sees exactly the batches an uninterrupted run would have seen.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .features import FeatureSet
+from .io import atomic_torch_save
+
+CKPT = "checkpoint/state.pt"
+
+
+@dataclass
+class TrainSpec:
+    kind: str = "dflash"
+    steps: int = 1000
+    block_size: int = 16
+    layers: int = 1
+    lr: float = 3e-4
+    warmup: int = 20
+    weight_decay: float = 0.0
+    batch: int = 2                  # chunks per step
+    anchors: int = 16               # random anchors (blocks) per chunk
+    labels: str = "target"          # target (greedy argmax, self-distillation) | text
+    loss_vocab: int = 16384         # most frequent label ids (+ the batch's labels) in the softmax; 0 = full
+    gamma: float = 4.0              # offset i weighs exp(-(i-1)/gamma); 0 = equal weights
+    seed: int = 0
+    checkpoint_every: int = 100
+    max_minutes: float | None = None
+    grad_clip: float = 1.0
+
+
+def lr_at(spec: TrainSpec, step: int) -> float:
+    if step < spec.warmup:
+        return spec.lr * (step + 1) / spec.warmup
+    t = (step - spec.warmup) / max(spec.steps - spec.warmup, 1)
+    return spec.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(t, 1.0))))
+
+
+def frequent_labels(fs: FeatureSet, spec: TrainSpec, vocab: int, mask_id: int) -> torch.Tensor | None:
+    if spec.loss_vocab <= 0 or spec.loss_vocab >= vocab:
+        return None
+    src = fs.argmax if spec.labels == "target" else fs.tokens
+    counts = torch.bincount(torch.cat(src).clamp(0, vocab - 1), minlength=vocab)
+    counts[mask_id] = -1
+    ids = torch.argsort(counts, descending=True, stable=True)[: spec.loss_vocab]
+    return ids[counts[ids] > 0]
+
+
+def batch_generator(spec: TrainSpec, step: int) -> torch.Generator:
+    return torch.Generator().manual_seed(spec.seed * 1_000_003 + step)
+
+
+def train(model: torch.nn.Module, step_fn: Callable, fs: FeatureSet, spec: TrainSpec, out: Path,
+          resume: bool = False, on_step: Callable | None = None, log: Callable = print) -> dict:
+    """step_fn(chunk_ids, gen) -> (loss, stats). Returns the history summary."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=spec.lr, weight_decay=spec.weight_decay, betas=(0.9, 0.95))
+    step, history = 0, []
+    ck = out / CKPT
+    if resume and ck.exists():
+        st = torch.load(ck, map_location="cpu", weights_only=False)
+        model.load_state_dict(st["model"])
+        opt.load_state_dict(st["optim"])
+        step, history = int(st["step"]), list(st["history"])
+        log(f"resumed from {ck} at step {step}")
+    elif resume:
+        log(f"no checkpoint at {ck}: starting from step 0")
+
+    def save():
+        atomic_torch_save(ck, {"step": step, "model": model.state_dict(), "optim": opt.state_dict(),
+                               "history": history, "spec": asdict(spec)})
+
+    t0 = time.monotonic()
+    model.train()
+    stopped = "steps"
+    while step < spec.steps:
+        if spec.max_minutes is not None and time.monotonic() - t0 > spec.max_minutes * 60:
+            stopped = "time"
+            break
+        gen = batch_generator(spec, step)
+        chunk_ids = torch.randint(len(fs), (spec.batch,), generator=gen).tolist()
+        for g in opt.param_groups:
+            g["lr"] = lr_at(spec, step)
+        loss, stats = step_fn(chunk_ids, gen)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if spec.grad_clip:
+            torch.nn.utils.clip_grad_norm_(params, spec.grad_clip)
+        opt.step()
+        acc = (stats["hits"] / stats["count"].clamp(min=1)).tolist()
+        history.append({"step": step, "loss": float(loss.detach()), "acc": [round(a, 4) for a in acc[1:5]]})
+        step += 1
+        if on_step is not None:
+            on_step(step, float(loss.detach()), acc)
+        if spec.checkpoint_every and step % spec.checkpoint_every == 0:
+            save()
+    save()
+    model.eval()
+    return {"steps_done": step, "stopped_by": stopped, "seconds": time.monotonic() - t0, "history": history}
