@@ -18,9 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.text import Text
 
 from cure_core.config import ConfigError
-from cure_core.engine import Engine
 from cure_core.errors import ModelLoadError
-from cure_core.models import encode_prompt, load_pair
 from cure_core.trace import TraceWriter, versions
 
 from .bench import report, stats
@@ -115,6 +113,8 @@ def bench(
     warmup: Annotated[int, typer.Option("--warmup", help="Throw-away generations per run before timing.", min=0)] = 1,
 ) -> None:
     """Benchmark decoding strategies on one data set: speed, acceptance, losslessness, task score."""
+    from cure_core.engine import Engine                    # torch / transformers load here, not at --help
+    from cure_core.models import encode_prompt, load_pair
     quiet_transformers()
     from .datasets import DatasetError, load_dataset
 

@@ -8,9 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from cure_core.engine import Engine
 from cure_core.metrics import summarize
-from cure_core.models import encode_prompt, load_pair
 from cure_core.trace import TraceWriter
 
 from .common import (BMax, DType, Device, DeviceMap, Draft, DrafterKind, K, MaskTokenId, MaxNew, Seed, Strategy,
@@ -65,6 +63,8 @@ def generate(
     as_json: Annotated[bool, typer.Option("--json", help="Print exactly one JSON object instead of streaming text.")] = False,
 ) -> None:
     """Generate text with one decoding strategy; streams tokens as blocks are accepted."""
+    from cure_core.engine import Engine                    # torch / transformers load here, not at --help
+    from cure_core.models import encode_prompt, load_pair
     quiet_transformers()
     if prompt == "-":
         prompt = sys.stdin.read()
