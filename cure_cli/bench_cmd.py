@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import signal
 import time
 from pathlib import Path
 from typing import Annotated, Optional
@@ -81,6 +82,10 @@ def _latest_run_dir() -> Path:
     return dirs[-1]
 
 
+def _terminate(signum, frame):
+    raise KeyboardInterrupt
+
+
 @friendly_errors
 def bench(
     dataset: Annotated[Optional[str], typer.Argument(help="humaneval | gsm8k | mbpp | lcb-lite (or use --prompts).")] = None,
@@ -115,6 +120,7 @@ def bench(
     """Benchmark decoding strategies on one data set: speed, acceptance, losslessness, task score."""
     from cure_core.engine import Engine                    # torch / transformers load here, not at --help
     from cure_core.models import encode_prompt, load_pair
+    signal.signal(signal.SIGTERM, _terminate)               # `kill` keeps finished work, like Ctrl+C
     quiet_transformers()
     from .datasets import DatasetError, load_dataset
 

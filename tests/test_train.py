@@ -149,9 +149,12 @@ def test_corpus_helpers(tmp_path):
     assert sum(map(len, chunks)) <= 20 and all(3 <= len(c) <= 4 for c in chunks)
 
 
-def test_self_distill_corpus_is_the_targets_own_continuations(setup, tmp_path):
+def test_self_distill_corpus_is_the_targets_own_continuations(setup, tmp_path, monkeypatch):
     from cure_core.models import load_model, load_tokenizer
     from cure_core.training.prepare import build_docs
+    # A few stdlib files stand in for the whole library (parsing all of it takes seconds).
+    few = [C.Doc(str(p), p.read_text()) for p in C.stdlib_files() if p.name in ("textwrap.py", "shlex.py", "fnmatch.py")]
+    monkeypatch.setattr(C, "stdlib_docs", lambda: few)
     model, path = load_model(str(setup / "target"))
     tok = load_tokenizer(path)
     spec = DataSpec(corpus=["self-distill"], distill_prompts=4, distill_tokens=8, heldout_frac=0.25)
