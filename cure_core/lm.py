@@ -57,20 +57,22 @@ class CachedLM:
         """
         n = len(tokens)
         s_old = self.scratch
-        par = np.asarray(parents, dtype=np.int64)
-        depth = np.empty(n, dtype=np.int64)
+        par = np.asarray(parents, dtype=np.int64)             # [N] scratch index of each parent, -1 = prefix end
+        dep = self.scratch_depth.tolist()
+        for p in parents:                                    # plain ints; parents come before children
+            dep.append(dep[p] + 1 if p >= 0 else 1)
+        all_depth = np.asarray(dep, dtype=np.int64)
         anc = np.zeros((s_old + n, s_old + n), dtype=bool)
         anc[:s_old, :s_old] = self.scratch_anc
-        all_depth = np.concatenate([self.scratch_depth, depth])
-        for j in range(n):                               # n small; rows copied, not per-element work
-            p = par[j]
-            i = s_old + j
-            if p >= 0:
-                anc[i] = anc[p]
-                all_depth[i] = all_depth[p] + 1
-            else:
-                all_depth[i] = 1
-            anc[i, i] = True
+        new_idx = np.arange(s_old, s_old + n)
+        new_depth = all_depth[s_old:]
+        for d in range(int(new_depth.min()), int(new_depth.max()) + 1):   # one vectorised step per level
+            level = new_idx[new_depth == d]
+            lp = par[level - s_old]
+            has = lp >= 0
+            # Rule: a node sees exactly what its parent sees, plus itself.
+            anc[level[has]] = anc[lp[has]]
+            anc[level, level] = True
         new_depth = all_depth[s_old:]
         # Mask: [1, 1, N, committed + S_old + N]; every new node sees the committed prefix and
         # exactly its own scratch ancestors (itself included).

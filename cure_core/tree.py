@@ -35,23 +35,25 @@ class DraftTree:
         """
         path = []
         depth = self.depths[parent] if parent >= 0 else 0
+        child, width = self._child, self._repair_width
+        tokens_, parents_, depths_, branches_ = self.tokens, self.parents, self.depths, self.branches
         for tok in tokens:
             tok = int(tok)
             depth += 1
-            node = self._child.get((parent, tok))
+            node = child.get((parent, tok))
             if node is None:
-                if v_max is not None and len(self.tokens) >= v_max:
+                if v_max is not None and len(tokens_) >= v_max:
                     break
-                if branch != 0 and beam is not None and self._repair_width.get(depth, 0) >= beam:
+                if branch != 0 and beam is not None and width.get(depth, 0) >= beam:
                     break
-                node = len(self.tokens)
-                self.tokens.append(tok)
-                self.parents.append(parent)
-                self.depths.append(depth)
-                self.branches.append(branch)
-                self._child[(parent, tok)] = node
+                node = len(tokens_)
+                tokens_.append(tok)
+                parents_.append(parent)
+                depths_.append(depth)
+                branches_.append(branch)
+                child[(parent, tok)] = node
                 if branch != 0:
-                    self._repair_width[depth] = self._repair_width.get(depth, 0) + 1
+                    width[depth] = width.get(depth, 0) + 1
             path.append(node)
             parent = node
         return path
