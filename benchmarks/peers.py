@@ -75,6 +75,8 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import torch  # noqa: E402
 
+from cure_cli.bench.runner import parse_list  # noqa: E402
+
 SCHEMA = "cure.peers/1"
 HF_METHODS = {"generate": "hf_generate", "assisted": "hf_assisted", "prompt-lookup": "hf_prompt_lookup"}
 REFERENCE = "hf_generate"
@@ -302,15 +304,6 @@ def build_methods(args, setup: Setup) -> list[Method]:
             reason = "no AR draft model (--ar-draft, or --draft D --drafter ar)" if s == "sd" else str(e)
             setup.skipped.append({"method": f"cure_{s}", "reason": reason})
     return methods
-
-
-def parse_list(text: str | None) -> list[str]:
-    out: list[str] = []
-    for part in (text or "").split(","):
-        part = part.strip().lower()
-        if part and part not in out:
-            out.append(part)
-    return out
 
 
 # ---------------------------------------------------------------- aggregation

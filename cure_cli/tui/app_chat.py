@@ -25,7 +25,7 @@ from cure_core.errors import CureError
 
 from .engine_protocol import ChatEngine
 from .messages import BlockBuffer, BlocksReady, CalibrationDone, TurnFinished, TurnStarted
-from .widgets import (TREE_LEGEND, TREE_LEGEND_SHORT, AnswerText, AnswerView, HelpScreen, MarginsChart, RepairTree,
+from .widgets import (side_panels, TREE_LEGEND, TREE_LEGEND_SHORT, AnswerText, AnswerView, HelpScreen, MarginsChart, RepairTree,
                       StatsPanel, binding_rows, origin_legend, stats_view, tree_legend)
 
 LEGEND_MARKUP = "[green]branch 0[/] [b magenta u]repair[/] [i cyan]bonus[/]"
@@ -197,16 +197,7 @@ class ChatApp(App):
                     yield Static(self._welcome(), classes="info", id="welcome")
                 yield Input(placeholder="Type a prompt, Enter sends", id="prompt")
             with Vertical(id="side"):
-                tree = RepairTree(self.engine.tokens, id="tree", classes="panel")
-                tree.border_title = "Repair tree"
-                tree.border_subtitle = TREE_LEGEND_SHORT
-                yield tree
-                margins = MarginsChart(id="margins", classes="panel")
-                margins.border_title = "Margins"
-                yield margins
-                stats = StatsPanel(id="stats", classes="panel")
-                stats.border_title = "Stats"
-                yield stats
+                yield from side_panels(self.engine.tokens)
         yield Footer()
 
     def _welcome(self) -> Text:

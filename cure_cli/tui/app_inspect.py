@@ -17,7 +17,7 @@ from cure_core.metrics import summarize
 from cure_core.trace import Trace
 
 from .tokens import TokenText
-from .widgets import (TREE_LEGEND, TREE_LEGEND_SHORT, AnswerText, HelpScreen, JumpScreen, MarginsChart, RepairTree,
+from .widgets import (side_panels, TREE_LEGEND, TREE_LEGEND_SHORT, AnswerText, HelpScreen, JumpScreen, MarginsChart, RepairTree,
                       StatsPanel, binding_rows, origin_legend, stats_view, tree_legend)
 
 LEGEND_MARKUP = "[green]branch 0[/] [b magenta u]repair[/] [i cyan]bonus[/] [reverse]current[/]"
@@ -78,16 +78,7 @@ class InspectApp(App):
                 with VerticalScroll(id="text-scroll"):
                     yield Static(id="text")
             with Vertical(id="side"):
-                tree = RepairTree(self.tokens, id="tree", classes="panel")
-                tree.border_title = "Repair tree"
-                tree.border_subtitle = TREE_LEGEND_SHORT
-                yield tree
-                margins = MarginsChart(id="margins", classes="panel")
-                margins.border_title = "Margins"
-                yield margins
-                stats = StatsPanel(id="stats", classes="panel")
-                stats.border_title = "Stats"
-                yield stats
+                yield from side_panels(self.tokens)
         yield Footer()
 
     def on_mount(self) -> None:

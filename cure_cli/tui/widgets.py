@@ -529,3 +529,17 @@ class JumpScreen(ModalScreen[int | None]):
 
     def action_cancel(self) -> None:
         self.dismiss(None)
+
+
+def side_panels(tokens) -> ComposeResult:
+    """The Repair tree / Margins / Stats column shared by chat and inspect (titles are how people find them)."""
+    tree = RepairTree(tokens, id="tree", classes="panel")
+    tree.border_title = "Repair tree"
+    tree.border_subtitle = TREE_LEGEND_SHORT
+    yield tree
+    margins = MarginsChart(id="margins", classes="panel")
+    margins.border_title = "Margins"
+    yield margins
+    stats = StatsPanel(id="stats", classes="panel")
+    stats.border_title = "Stats"
+    yield stats
