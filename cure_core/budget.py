@@ -33,7 +33,7 @@ class CostCurve:
     sizes: tuple[int, ...]          # tree sizes V measured (root excluded)
     verify_ms: tuple[float, ...]    # one target forward over root + V nodes, median
 
-    def verify(self, v: int) -> float:
+    def verify(self, v: float) -> float:
         """C_v(V), linear between measured sizes, extrapolated past the last one."""
         xs, ys = self.sizes, self.verify_ms
         if v <= xs[0]:
@@ -153,15 +153,21 @@ class BudgetTuner:
             vals.append(sum(1 for i in accepted if i < v))
         return sum(vals) / len(vals) if vals else None
 
+    def expected_size(self, v: int) -> float:
+        """E[V(T)] under budget v: a tree holds min(v, the nodes its block offered); for a block whose
+        tree was cut, the nodes it offered beyond its budget are unknown, so assume v."""
+        sizes = [min(size, v) if not cut or v <= size else v for _, size, cut in self.history[-self.window:]]
+        return sum(sizes) / len(sizes) if sizes else float(v)
+
     def rate(self, v: int) -> float | None:
         """Predicted tokens per ms with budget v."""
         ea = self.expected_accept(v)
         if ea is None:
             return None
         c_d = statistics.mean(self.overhead_ms[-self.window:]) if self.overhead_ms else 0.0
-        return (ea + 1.0) / (c_d + self.verify_ms(v))
+        return (ea + 1.0) / (c_d + self.verify_ms(self.expected_size(v)))
 
-    def verify_ms(self, v: int) -> float:
+    def verify_ms(self, v: float) -> float:
         """C_v(V): the start-up curve, rescaled online by how verification times run now."""
         scale = statistics.median(self.verify_scale[-self.window:]) if self.verify_scale else 1.0
         return self.curve.verify(v) * scale

@@ -129,11 +129,12 @@ def test_auto_budget_learns_a_budget_and_predicts_speedup(pair):
 
 
 def test_budget_tuner_prefers_small_trees_when_verification_is_steep():
-    from cure_core.block import Block, Resync, Timings
+    from cure_core.block import Block, Resync, Timings, TreeNode
     from cure_core.budget import BudgetTuner, CostCurve
 
     def block(accepted, size):
-        return Block(index=0, strategy="cure", context_len=0, root=0, draft=(), margins=(), ufps=(), nodes=(),
+        nodes = tuple(TreeNode(token=i, parent=-1, depth=1, branch=0, accepted=i in accepted) for i in range(size))
+        return Block(index=0, strategy="cure", context_len=0, root=0, draft=(), margins=(), ufps=(), nodes=nodes,
                      accepted=tuple(accepted), winner=0, branch0_accepted=0, bonus=0, emitted=(),
                      resync=Resync("none", ()), timings=Timings(draft_ms=1.0), stop=None)
     # acceptance comes from the first 3 nodes only; bigger trees add nothing
@@ -152,3 +153,19 @@ def test_budget_tuner_prefers_small_trees_when_verification_is_steep():
             t.observe(block([0, 1, 40, 41, 42, 43, 44, 45], 64), 64)
     assert flat_t.rate(64) > flat_t.rate(15)
     assert steep_t.rate(15) > steep_t.rate(64)
+
+
+def test_budget_tuner_costs_the_tree_a_budget_would_really_hold():
+    from cure_core.block import Block, Resync, Timings, TreeNode
+    from cure_core.budget import BudgetTuner, CostCurve
+
+    nodes = tuple(TreeNode(token=i, parent=-1, depth=1, branch=0, accepted=False) for i in range(20))
+    b = Block(index=0, strategy="cure", context_len=0, root=0, draft=(), margins=(), ufps=(), nodes=nodes,
+              accepted=(0, 1), winner=0, branch0_accepted=2, bonus=0, emitted=(), resync=Resync("none", ()),
+              timings=Timings(), stop=None)
+    t = BudgetTuner(CostCurve((0, 64), (10.0, 74.0)), [15, 32, 64])
+    t.observe(b, 64)                                       # a natural 20-node tree under a budget of 64
+    assert t.expected_size(64) == 20 and t.expected_size(15) == 15
+    assert t.rate(32) == t.rate(64)                        # bigger budgets change nothing for such trees
+    t.observe(b, 20)                                       # the same tree, cut at its budget of 20
+    assert t.expected_size(64) == (20 + 64) / 2

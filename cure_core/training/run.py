@@ -163,7 +163,10 @@ def run(opts: RunOptions, progress_factory: Callable, log: Callable = print) -> 
     if opts.eval_prompts > 0:
         from ..models import load_pair
         from .evaluate import evaluate
-        del model
+        import gc
+        # The eval loads its own target: free the training state first (RAM is tight on small machines).
+        model = step_fn = fs = target = embed = head_w = subset = None  # noqa: F841
+        gc.collect()
         loaded = load_pair(opts.target, str(out), drafter="auto", device=opts.device, dtype=opts.dtype)
         prompts = _eval_prompts(opts, loaded.tokenizer, held)
         ebar = progress_factory("evaluating", len(prompts))
