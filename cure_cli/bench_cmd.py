@@ -99,7 +99,7 @@ def bench(
     max_new_tokens: MaxNew = 256,
     temperature: Temperature = 0.0,
     seed: Seed = 0,
-    k: K = 16,
+    k: K = None,
     tau_margin: TauMargin = 1.0,
     b_max: BMax = 5,
     v_max: VMax = 64,

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from .common import (BMax, DType, Device, DeviceMap, Draft, DrafterKind, K, MaskTokenId, MaxNew, Seed, Strategy,
-                     Target, TauMargin, Temperature, VMax, decode_config, err_console, fail, friendly_errors,
+                     Target, TauMargin, Temperature, VMax, decode_config, drafter_block_size, err_console, fail, friendly_errors,
                      quiet_transformers)
 from .defaults import default_models
 
@@ -29,10 +29,10 @@ def chat(
     max_new_tokens: MaxNew = 256,
     temperature: Temperature = 0.0,
     seed: Seed = 0,
-    k: K = 16,
+    k: K = None,
     tau_margin: TauMargin = 1.0,
     b_max: BMax = 5,
-    v_max: VMax = 64,
+    v_max: VMax = "auto",
     device: Device = "cpu",
     dtype: DType = "float32",
     device_map: DeviceMap = None,
@@ -64,6 +64,8 @@ def chat(
         err_console.print(f"[dim]loading {target}{' + ' + draft if draft else ''}…[/]")
         loaded = load_pair(target, draft, drafter=drafter, mask_token_id=mask_token_id,
                            device=device, dtype=dtype, device_map=device_map)
+        if k is None and (trained := drafter_block_size(loaded.pair)):
+            cfg = cfg.with_(k=trained)                   # draft the block length the drafter was trained for
         engine = ModelEngine(loaded, chat=chat_template)   # a PARD drafter doubles as the `sd` chain drafter
     cfg = engine.check(cfg)
     needs_terminal("chat")

@@ -47,7 +47,7 @@ Strategy = Annotated[str, typer.Option("--strategy", "-s", help="ar | sd | paral
 MaxNew = Annotated[int, typer.Option("--max-new-tokens", "-n", help="Tokens to generate at most.")]
 Temperature = Annotated[float, typer.Option("--temperature", help="0 = greedy (identical to ar); > 0 samples losslessly.")]
 Seed = Annotated[int, typer.Option("--seed", help="Sampling seed (temperature > 0).")]
-K = Annotated[int, typer.Option("--k", help="Block size K: the root plus K-1 drafted tokens.")]
+K = Annotated[Optional[int], typer.Option("--k", help="Block size K: the root plus K-1 drafted tokens. Default: the drafter's trained block size (DFlash), else 16.")]
 TauMargin = Annotated[float, typer.Option("--tau-margin", help="UFP gate: draft top1-top2 log-prob margin below this.")]
 BMax = Annotated[int, typer.Option("--b-max", help="Repair branches at the most uncertain UFP.")]
 VMax = Annotated[str, typer.Option("--v-max", help="Tree node budget V_max, or 'auto': measure the target's verification cost curve and pick the budget that maximises expected tokens/s (64 is then the ceiling).")]
@@ -67,8 +67,15 @@ def parse_v_max(v_max: str | int) -> tuple[int, bool]:
         raise ConfigError(f"--v-max must be a number or 'auto', got {v_max!r}") from None
 
 
-def decode_config(strategy: str, max_new_tokens: int, temperature: float, seed: int, k: int, tau_margin: float,
-                  b_max: int, v_max: str | int) -> DecodeConfig:
+def drafter_block_size(pair) -> int | None:
+    """The block size a drafter was trained for (DFlash checkpoints record it), if any."""
+    size = getattr(pair.drafter, "block_size", None)
+    return int(size) if size else None
+
+
+def decode_config(strategy: str, max_new_tokens: int, temperature: float, seed: int, k: int | None,
+                  tau_margin: float, b_max: int, v_max: str | int) -> DecodeConfig:
+    k = 16 if k is None else k
     v, auto = parse_v_max(v_max)
     return DecodeConfig(strategy=strategy, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                         k=k, tau_margin=tau_margin, b_max=b_max, b_min=min(1, b_max), v_max=max(v, k - 1) if auto else v,

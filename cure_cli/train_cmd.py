@@ -96,9 +96,13 @@ def train_drafter(
                      checkpoint_every=checkpoint_every, max_minutes=max_minutes)
     data = DataSpec(corpus=list(corpus or ["stdlib"]), seq_len=seq_len, max_tokens=max_tokens or None, seed=seed,
                     distill_prompts=distill_prompts, distill_tokens=distill_tokens)
+    eval_texts = None
+    if eval_set == "humaneval" and eval_prompts > 0:
+        from .datasets import load_humaneval                 # the packaged HumanEval prompts
+        eval_texts = [p.prompt for p in load_humaneval(eval_prompts)]
     opts = RunOptions(target=target, out=out, train=spec, data=data, device=device, layer_ids=ids,
                       pard_init=pard_init, resume=resume, eval_prompts=eval_prompts, eval_set=eval_set,
-                      eval_new_tokens=eval_new_tokens)
+                      eval_new_tokens=eval_new_tokens, eval_texts=eval_texts)
     cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             TimeRemainingColumn(), TextColumn("{task.fields[info]}"))
     with Progress(*cols, console=err_console, transient=False) as progress:

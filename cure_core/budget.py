@@ -61,7 +61,7 @@ def _cache_file() -> Path:
 
 
 @torch.inference_mode()
-def measure_cost_curve(model, max_size: int = 64, ctx_len: int = 128, repeats: int = 5,
+def measure_cost_curve(model, max_size: int = 64, ctx_len: int = 128, repeats: int = 2,
                        use_disk_cache: bool = True) -> CostCurve:
     """Time target forwards over a root + V chain on a random context of ctx_len tokens."""
     key = _model_key(model, ctx_len)

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
+from .errors import CureError
+
 ProgressFn = Callable[[int, int], None]   # on_progress(done_bytes, total_bytes)
 
 MARKER = ".cure-complete.json"
@@ -40,7 +42,7 @@ _STALE_PARTIAL_S = 6 * 3600         # a .partial build folder older than this is
 _DISK_FACTOR = 4                    # free space needed: GGUF (1x) + fp16 safetensors (~2.6-2.9x) + slack
 
 
-class EmbeddedModelError(RuntimeError):
+class EmbeddedModelError(CureError, RuntimeError):
     """An embedded model cannot be provided: parts missing, wrong bytes, no disk, unknown alias."""
 
 

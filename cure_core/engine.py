@@ -69,11 +69,11 @@ class Engine:
     def _make_tuner(self) -> BudgetTuner:
         cfg = self.cfg
         curve = measure_cost_curve(self.pair.target, max_size=cfg.v_max)
-        if cfg.strategy in CHAIN_STRATEGIES:
-            candidates = list(range(1, cfg.depth + 1))    # a chain's budget is its draft length
-        else:                                             # a tree's budget never cuts branch 0
-            candidates = [cfg.depth] + [s for s in SIZES if cfg.depth < s < cfg.v_max] + [cfg.v_max]
-        return BudgetTuner(curve, candidates)
+        # Budgets up to K-1 shorten the block itself (branch 0 stays whole, just shorter: a smaller K);
+        # larger ones leave room for repair branches (tree strategies only).
+        shorter = [s for s in SIZES if 0 < s < cfg.depth] + [cfg.depth]
+        wider = [] if cfg.strategy in CHAIN_STRATEGIES else [s for s in SIZES if cfg.depth < s < cfg.v_max] + [cfg.v_max]
+        return BudgetTuner(curve, sorted(set(shorter + wider)))
 
     def _now(self) -> float:
         if self.device.type == "cuda":
@@ -118,11 +118,11 @@ class Engine:
             room = min(cfg.depth, limit - ctx - 2, cfg.max_new_tokens - new - 1)
             budget = tuner.choose() if tuner is not None else cfg.v_max
             block_cfg = cfg
-            if tuner is not None:
-                if cfg.strategy in CHAIN_STRATEGIES:
-                    room = min(room, budget)              # a shorter chain
-                else:
-                    block_cfg = cfg.with_(v_max=budget)
+            if tuner is not None and budget <= cfg.depth:
+                room = min(room, budget)                  # a shorter block: K = budget + 1, no repairs
+                block_cfg = cfg.with_(k=budget + 1, v_max=budget)
+            elif tuner is not None:
+                block_cfg = cfg.with_(v_max=budget)
 
             # Step 1. Draft a block.
             t_draft = self._now()

