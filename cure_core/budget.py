@@ -9,7 +9,8 @@ the machine (steep on a CPU, nearly flat on a GPU up to dozens of tokens). So th
      order (branch 0, then repairs; best-first for ddtree), and a budget V keeps exactly the first
      V, so a block verified with a tree of T nodes tells a(V) = accepted nodes with index < V for
      every V <= T (and for every V when the tree was not cut by its budget).
-Every `explore_every` blocks the ceiling is used, so estimates for large V stay fresh.
+The first blocks use the ceiling; then every `explore_every`-th block tries the next budget up, so
+the estimates just above the chosen one stay fresh without paying for the largest trees.
 """
 from __future__ import annotations
 
@@ -132,12 +133,14 @@ def _isotonic(ys: list[float]) -> list[float]:
 class BudgetTuner:
     """Online choice of the tree budget V from the cost curve and the acceptance seen so far."""
 
-    def __init__(self, curve: CostCurve, candidates: list[int], window: int = 64, explore_every: int = 8):
+    def __init__(self, curve: CostCurve, candidates: list[int], window: int = 64, explore_every: int = 8,
+                 warmup: int = 2):
         self.curve = curve
         self.candidates = sorted(set(candidates))
         self.ceiling = self.candidates[-1]
         self.window = window
         self.explore_every = explore_every
+        self.warmup = warmup                                 # first blocks verified at the ceiling
         self.history: list[tuple[list[int], int, bool]] = []   # (accepted node indices, tree size, cut)
         self.overhead_ms: list[float] = []                   # C_d: draft + tree + commit per block
         self.verify_scale: list[float] = []                  # measured verify_ms / curve's C_v(V): load drift
@@ -174,11 +177,14 @@ class BudgetTuner:
 
     def choose(self) -> int:
         self.blocks += 1
-        if len(self.history) < 4 or self.blocks % self.explore_every == 0:
-            choice = self.ceiling                          # warm-up and exploration
+        if len(self.history) < self.warmup:
+            choice = self.ceiling                          # warm-up: learn a(V) for every V at once
         else:
             rated = [(r, v) for v in self.candidates if (r := self.rate(v)) is not None]
             choice = max(rated, key=lambda rv: (rv[0], -rv[1]))[1] if rated else self.ceiling
+            if self.blocks % self.explore_every == 0:      # explore one step up: keeps a(V) fresh above the best
+                bigger = [v for v in self.candidates if v > choice]
+                choice = bigger[0] if bigger else choice
         self.last_choice = choice
         self.last_prediction = self.predicted_speedup(choice)
         return choice
