@@ -5,6 +5,7 @@ prompt by prompt after a warm-up so machine drift cancels. See cure_cli/bench/ f
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -27,7 +28,7 @@ from .bench.runner import (BenchPrompt, PairResult, ProgressLog, build_runs, int
                            run_interleaved, warm_up)
 from .bench.scoring import REFUSAL, Scorer, needs_exec, summarize_scores
 from .common import (BMax, DType, Device, DeviceMap, Draft, DrafterKind, K, MaskTokenId, MaxNew, Seed, Target,
-                     TauMargin, Temperature, VMax, decode_config, err_console, fail, friendly_errors,
+                     TauMargin, Temperature, VMax, decode_config, drafter_block_size, err_console, fail, friendly_errors,
                      quiet_transformers)
 from .defaults import AR_DRAFT_FOR, default_models
 
@@ -174,6 +175,10 @@ def bench(
         notes.append(f"default AR draft {ar_name!r} unavailable ({e}); 'sd' skipped")
         ar_name = None
     pair = loaded.pair
+    if k is None and (trained := drafter_block_size(pair)):
+        # draft the block length the drafter was trained for (a DFlash checkpoint records it)
+        base = base.with_(k=trained)
+        runs = [dataclasses.replace(r, config=r.config.with_(k=trained)) for r in runs]
     if want_sd and pair.ar_drafter is None and ar_name is not None and ar_name == draft:
         # the same checkpoint as the block drafter, which loaded as PARD: load it again as an AR draft
         from cure_core.drafters.causal import ArDrafter
