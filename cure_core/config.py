@@ -76,10 +76,6 @@ class DecodeConfig:
     def scale(self) -> float:
         return self.margin_scale if self.margin_scale is not None else max(self.tau_margin, 1e-9)
 
-    @property
-    def uses_drafter(self) -> bool:
-        return self.strategy != "ar"
-
     def with_(self, **changes) -> "DecodeConfig":
         return replace(self, **changes)
 

@@ -16,6 +16,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from .tree import extend_ancestors
+
 
 @dataclass(frozen=True)
 class Forward:
@@ -43,10 +45,6 @@ class CachedLM:
     def scratch(self) -> int:
         return len(self.scratch_tokens)
 
-    @property
-    def length(self) -> int:
-        return self.committed + self.scratch
-
     @torch.inference_mode()
     def forward(self, tokens: Sequence[int], parents: Sequence[int]) -> Forward:
         """Forward new scratch nodes.
@@ -57,23 +55,12 @@ class CachedLM:
         """
         n = len(tokens)
         s_old = self.scratch
-        par = np.asarray(parents, dtype=np.int64)             # [N] scratch index of each parent, -1 = prefix end
         dep = self.scratch_depth.tolist()
         for p in parents:                                    # plain ints; parents come before children
             dep.append(dep[p] + 1 if p >= 0 else 1)
         all_depth = np.asarray(dep, dtype=np.int64)
-        anc = np.zeros((s_old + n, s_old + n), dtype=bool)
-        anc[:s_old, :s_old] = self.scratch_anc
-        new_idx = np.arange(s_old, s_old + n)
         new_depth = all_depth[s_old:]
-        for d in range(int(new_depth.min()), int(new_depth.max()) + 1):   # one vectorised step per level
-            level = new_idx[new_depth == d]
-            lp = par[level - s_old]
-            has = lp >= 0
-            # Rule: a node sees exactly what its parent sees, plus itself.
-            anc[level[has]] = anc[lp[has]]
-            anc[level, level] = True
-        new_depth = all_depth[s_old:]
+        anc = extend_ancestors(self.scratch_anc, parents, new_depth)   # [S_old+N, S_old+N]
         # Mask: [1, 1, N, committed + S_old + N]; every new node sees the committed prefix and
         # exactly its own scratch ancestors (itself included).
         mask = torch.ones((n, self.committed + s_old + n), dtype=torch.bool)

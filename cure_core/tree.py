@@ -58,10 +58,6 @@ class DraftTree:
             parent = node
         return path
 
-    def children_of(self, parent: int) -> list[int]:
-        """Children of a node (-1 = root) in insertion order: branch 0 first."""
-        return [i for i, p in enumerate(self.parents) if p == parent]
-
     def path_to(self, node: int) -> list[int]:
         """Node indices from depth 1 down to `node`."""
         path = []
@@ -70,35 +66,34 @@ class DraftTree:
             node = self.parents[node]
         return path[::-1]
 
-    # ---- arrays for verification ----
     def ancestor_matrix(self) -> np.ndarray:
         """anc[i, j] = node j is node i or one of its ancestors. [N, N] bool."""
-        n = len(self.tokens)
-        anc = np.zeros((n, n), dtype=bool)
-        if n == 0:
-            return anc
-        parents = np.asarray(self.parents)
-        depths = np.asarray(self.depths)
-        idx = np.arange(n)
-        for d in range(1, int(depths.max()) + 1):
-            level = idx[depths == d]                       # nodes at depth d
-            par = parents[level]
-            has_parent = par >= 0
-            # Rule: a node sees exactly what its parent sees, plus itself.
-            anc[level[has_parent]] = anc[par[has_parent]]
-            anc[level, level] = True
-        return anc
+        return extend_ancestors(np.zeros((0, 0), dtype=bool), self.parents, self.depths)
 
 
-def tree_mask_with_root(tree: DraftTree) -> np.ndarray:
-    """Ancestor-only mask over [root, node_0..node_{N-1}]: [N+1, N+1] bool (root sees itself only;
-    every node sees the root)."""
-    n = len(tree)
-    m = np.zeros((n + 1, n + 1), dtype=bool)
-    m[:, 0] = True
-    m[1:, 1:] = tree.ancestor_matrix()
-    m[0, 0] = True
-    return m
+def extend_ancestors(anc: np.ndarray, parents, depths) -> np.ndarray:
+    """Grow an ancestor-or-self matrix [S, S] by N new nodes -> [S+N, S+N] bool.
+
+    parents[j]: index (< S + j) of new node j's parent, -1 for none; depths[j]: its depth. Parents
+    come before children, so one vectorised step per depth level fills every row. The draft tree and
+    the KV cache's scratch nodes (CachedLM) both use this one rule.
+    """
+    s_old, n = anc.shape[0], len(parents)
+    out = np.zeros((s_old + n, s_old + n), dtype=bool)
+    out[:s_old, :s_old] = anc
+    if n == 0:
+        return out
+    par = np.asarray(parents, dtype=np.int64)
+    dep = np.asarray(depths, dtype=np.int64)
+    idx = np.arange(s_old, s_old + n)
+    for d in range(int(dep.min()), int(dep.max()) + 1):
+        sel = dep == d
+        level, lp = idx[sel], par[sel]
+        has = lp >= 0
+        # Rule: a node sees exactly what its parent sees, plus itself.
+        out[level[has]] = out[lp[has]]
+        out[level, level] = True
+    return out
 
 
 def greedy_accept(tree: DraftTree, target_argmax: torch.Tensor) -> list[int]:

@@ -39,7 +39,6 @@ def plot_all(out_dir: Path, results: dict, pairs: Sequence[PairResult]) -> list[
     for ax in (a1, a2):
         plt.setp(ax.get_xticklabels(), rotation=30, ha="right")
     fig.suptitle(f"cure bench {results['dataset']} ({results['compared_prompts']} prompts)")
-    fig.tight_layout()
     written.append(_save(fig, out_dir / "speedup_tau.png", plt))
 
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -51,9 +50,6 @@ def plot_all(out_dir: Path, results: dict, pairs: Sequence[PairResult]) -> list[
     ax.set_ylabel("P(winning path reaches d)")
     ax.set_ylim(0, 1.02)
     ax.set_title("per-position acceptance")
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend()
-    fig.tight_layout()
     written.append(_save(fig, out_dir / "acceptance.png", plt))
 
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -68,9 +64,6 @@ def plot_all(out_dir: Path, results: dict, pairs: Sequence[PairResult]) -> list[
     ax.set_xlabel("tokens emitted per block (accepted + bonus)")
     ax.set_ylabel("blocks")
     ax.set_title("acceptance-length histogram")
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend()
-    fig.tight_layout()
     written.append(_save(fig, out_dir / "tau_hist.png", plt))
 
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -91,12 +84,16 @@ def plot_all(out_dir: Path, results: dict, pairs: Sequence[PairResult]) -> list[
     ax.set_xlabel("UFP margin (top1 - top2 draft log-prob)")
     ax.set_ylabel("repair gain delta_a (jittered)")
     ax.set_title("margin vs repair gain (cure)")
-    fig.tight_layout()
     written.append(_save(fig, out_dir / "margin_repair.png", plt))
     return written
 
 
 def _save(fig, path: Path, plt) -> Path:
+    """Legend on every axis with labelled artists, tight layout, write, close."""
+    for ax in fig.axes:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend()
+    fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
