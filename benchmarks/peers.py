@@ -253,7 +253,8 @@ def cure_method(strategy: str, pair, cfg) -> Method:
         return {"tokens": [t for b in blocks for t in b.emitted], "prefill_ms": s.prefill_ms,
                 "total_ms": wall, "decode_ms": s.decode_ms, "decode_tokens": s.new_tokens,
                 "target_forwards": s.blocks, "draft_ms": s.draft_ms, "tree_ms": s.tree_ms,
-                "verify_ms": s.verify_ms, "commit_ms": s.commit_ms, "mean_tree_size": s.mean_tree_size}
+                "verify_ms": s.verify_ms, "commit_ms": s.commit_ms, "mean_tree_size": s.mean_tree_size,
+                "k": e.cfg.k, "v_max": e.cfg.v_max, "auto_budget": e.cfg.auto_budget}
 
     return Method(f"cure_{strategy}", "cure", cfg.to_dict(), run)
 
@@ -296,9 +297,13 @@ def build_methods(args, setup: Setup) -> list[Method]:
             methods.append(hf_method(name, pair.target, {"prompt_lookup_num_tokens": args.prompt_lookup_tokens,
                                                           "max_matching_ngram_size": args.prompt_lookup_ngram},
                                      eos, pad, counter))
+    from cure_cli.common import drafter_block_size, parse_v_max
+    k = args.k or drafter_block_size(pair) or 6
+    v_max, auto = parse_v_max(args.v_max)
     for s in parse_list(args.strategies):
         try:
-            cfg = DecodeConfig(strategy=s, k=args.k, max_new_tokens=args.max_new_tokens, v_max=args.v_max)
+            cfg = DecodeConfig(strategy=s, k=k, max_new_tokens=args.max_new_tokens,
+                               v_max=max(v_max, k - 1) if auto else v_max, auto_budget=auto)
             methods.append(cure_method(s, pair, cfg))
         except ConfigError as e:
             reason = "no AR draft model (--ar-draft, or --draft D --drafter ar)" if s == "sd" else str(e)
@@ -336,6 +341,7 @@ def summarize_methods(methods: Sequence[Method], results: list[dict]) -> dict:
             "matches_hf_greedy": sum(r["matches_hf_greedy"] for r in rows),
             "all_match_hf_greedy": all(r["matches_hf_greedy"] for r in rows),
         }
+    ceilings(out, results)
     for ref, key in ((CURE_AR, "speedup_vs_cure_ar"), (REFERENCE, "speedup_vs_hf_generate")):
         base = out.get(ref, {}).get("tokens_per_s")
         for name, s in out.items():
@@ -352,6 +358,24 @@ def summarize_methods(methods: Sequence[Method], results: list[dict]) -> dict:
     return out
 
 
+def ceilings(out: dict, results: list[dict]) -> None:
+    """Each cure strategy's ceiling: the speedup over cure ar it would reach if drafting and every
+    non-model step were free, tau x (ar's time per token / this strategy's mean target verification
+    time per block, at the tree sizes it used); and the share of that ceiling it achieved."""
+    ar = out.get(CURE_AR)
+    ar_tpot = ar["decode_ms"] / ar["decode_tokens"] if ar and ar["decode_tokens"] else None
+    for name, s in out.items():
+        rows = [r for r in results if r["method"] == name and "verify_ms" in r]
+        fwd = sum(r["target_forwards"] for r in rows)
+        verify = sum(r["verify_ms"] for r in rows) / fwd if fwd else None
+        s["verify_ms_per_block"] = verify
+        s["mean_tree_size"] = (sum(r["mean_tree_size"] * r["target_forwards"] for r in rows) / fwd) if fwd else None
+        ceiling = s["tau"] * ar_tpot / verify if rows and ar_tpot and verify and s["tau"] else None
+        achieved = s["tokens_per_s"] / ar["tokens_per_s"] if ceiling and ar["tokens_per_s"] and s["tokens_per_s"] else None
+        s["ceiling_speedup"] = ceiling
+        s["share_of_ceiling"] = achieved / ceiling if achieved else None
+
+
 # ---------------------------------------------------------------- output
 
 def render(console, summary: dict, n_prompts: int) -> None:
@@ -364,13 +388,14 @@ def render(console, summary: dict, n_prompts: int) -> None:
     t.add_column("method", no_wrap=True)
     for col, just in ( ("decode tok", "right"), ("tok/s", "right"), ("TPOT ms", "right"),
                       ("prefill ms", "right"), ("tau", "right"), ("x cure ar", "right"), ("x HF gen", "right"),
-                      ("= HF greedy", "right")):
+                      ("ceiling", "right"), ("of ceiling", "right"), ("= HF greedy", "right")):
         t.add_column(col, justify=just)
     for name, s in summary.items():
         match = f"{s['matches_hf_greedy']}/{s['prompts']}"
         t.add_row(name, str(s["decode_tokens"]), f(s["tokens_per_s"], ".2f"), f(s["tpot_ms"], ".1f"),
                   f(s["prefill_ms_mean"], ".0f"), f(s["tau"], ".2f"), f(s["speedup_vs_cure_ar"], ".2f"),
-                  f(s["speedup_vs_hf_generate"], ".2f"),
+                  f(s["speedup_vs_hf_generate"], ".2f"), f(s.get("ceiling_speedup"), ".2f"),
+                  f(s.get("share_of_ceiling"), ".0%"),
                   match if s["all_match_hf_greedy"] else f"[red]{match}[/red]")
     console.print(t)
 
@@ -397,8 +422,9 @@ def parse_args(argv: Sequence[str] | None):
     ap.add_argument("--hf", default="generate,assisted,prompt-lookup", help="transformers methods to run")
     ap.add_argument("--limit", type=int, default=20)
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--k", type=int, default=6, help="cure block size (root + K-1 drafted)")
-    ap.add_argument("--v-max", type=int, default=64)
+    ap.add_argument("--k", type=int, default=None,
+                    help="cure block size (root + K-1 drafted); default: the drafter's trained block size, else 6")
+    ap.add_argument("--v-max", default="auto", help="tree node budget, or auto (cost-aware, as cure generate)")
     ap.add_argument("--hf-assistant-tokens", type=int, default=None,
                     help="fix HF assisted generation's draft length (constant schedule); default: HF's own")
     ap.add_argument("--prompt-lookup-tokens", type=int, default=10)

@@ -27,7 +27,7 @@ from .bench import report, stats
 from .bench.runner import (BenchPrompt, PairResult, ProgressLog, build_runs, interleave, parse_list,
                            run_interleaved, warm_up)
 from .bench.scoring import REFUSAL, Scorer, needs_exec, summarize_scores
-from .common import (BMax, DType, Device, DeviceMap, Draft, DrafterKind, K, MaskTokenId, MaxNew, Seed, Target,
+from .common import (BMax, Compile, KVCache, DType, Device, DeviceMap, Draft, DrafterKind, K, MaskTokenId, MaxNew, Seed, Target,
                      TauMargin, Temperature, VMax, decode_config, drafter_block_size, err_console, fail, friendly_errors,
                      quiet_transformers)
 from .defaults import AR_DRAFT_FOR, default_models
@@ -104,6 +104,8 @@ def bench(
     tau_margin: TauMargin = 1.0,
     b_max: BMax = 5,
     v_max: VMax = 64,
+    kv_cache: KVCache = "static",
+    compile: Compile = False,
     device: Device = "cpu",
     dtype: DType = "float32",
     device_map: DeviceMap = None,
@@ -148,7 +150,7 @@ def bench(
     if ablations and "cure" not in names:
         names.append("cure")
         notes.append("--ablate compares against full CURE: added 'cure' to the runs")
-    base = decode_config("cure", max_new_tokens, temperature, seed, k, tau_margin, b_max, v_max)
+    base = decode_config("cure", max_new_tokens, temperature, seed, k, tau_margin, b_max, v_max, kv_cache=kv_cache, compile=compile)
     runs = build_runs(base, names, ablations)
 
     # ---- models (loaded once)

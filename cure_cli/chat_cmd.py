@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .common import (BMax, DType, Device, DeviceMap, Draft, DrafterKind, K, MaskTokenId, MaxNew, Seed, Strategy,
+from .common import (BMax, Compile, KVCache, DType, Device, DeviceMap, Draft, DrafterKind, K, MaskTokenId, MaxNew, Seed, Strategy,
                      Target, TauMargin, Temperature, VMax, decode_config, drafter_block_size, err_console, fail, friendly_errors,
                      quiet_transformers)
 from .defaults import default_models
@@ -33,6 +33,8 @@ def chat(
     tau_margin: TauMargin = 1.0,
     b_max: BMax = 5,
     v_max: VMax = "auto",
+    kv_cache: KVCache = "static",
+    compile: Compile = False,
     device: Device = "cpu",
     dtype: DType = "float32",
     device_map: DeviceMap = None,
@@ -47,7 +49,7 @@ def chat(
     quiet_transformers()
     from .tui.engine_protocol import ModelEngine, ReplayEngine, load_trace_tokenizer
 
-    cfg = decode_config(strategy, max_new_tokens, temperature, seed, k, tau_margin, b_max, v_max)
+    cfg = decode_config(strategy, max_new_tokens, temperature, seed, k, tau_margin, b_max, v_max, kv_cache=kv_cache, compile=compile)
     if replay is not None:
         from cure_core.trace import read_trace
         trace = read_trace(replay)

@@ -53,6 +53,8 @@ BMax = Annotated[int, typer.Option("--b-max", help="Repair branches at the most 
 VMax = Annotated[str, typer.Option("--v-max", help="Tree node budget V_max, or 'auto': measure the target's verification cost curve and pick the budget that maximises expected tokens/s (64 is then the ceiling).")]
 Device = Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:1, mps ...")]
 DType = Annotated[str, typer.Option("--dtype", help="float32 (lossless check), float16, bfloat16.")]
+KVCache = Annotated[str, typer.Option("--kv-cache", help="static: preallocated K/V rows compacted in place (fast) | dynamic: transformers' DynamicCache. Never changes the output.")]
+Compile = Annotated[bool, typer.Option("--compile", help="torch.compile the target forward over padded static shapes (CUDA graphs on a GPU). First blocks are slow while it compiles.")]
 DeviceMap = Annotated[Optional[str], typer.Option("--device-map", help="Passed to accelerate (e.g. auto) for targets larger than one device.")]
 
 
@@ -74,12 +76,13 @@ def drafter_block_size(pair) -> int | None:
 
 
 def decode_config(strategy: str, max_new_tokens: int, temperature: float, seed: int, k: int | None,
-                  tau_margin: float, b_max: int, v_max: str | int) -> DecodeConfig:
+                  tau_margin: float, b_max: int, v_max: str | int, *, kv_cache: str = "static",
+                  compile: bool = False) -> DecodeConfig:
     k = 16 if k is None else k
     v, auto = parse_v_max(v_max)
     return DecodeConfig(strategy=strategy, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                         k=k, tau_margin=tau_margin, b_max=b_max, b_min=min(1, b_max), v_max=max(v, k - 1) if auto else v,
-                        auto_budget=auto, top_k=max(8, b_max + 1))
+                        auto_budget=auto, top_k=max(8, b_max + 1), kv_cache=kv_cache, compile=compile)
 
 
 def quiet_transformers() -> None:

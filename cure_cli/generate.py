@@ -11,7 +11,7 @@ import typer
 from cure_core.metrics import summarize
 from cure_core.trace import TraceWriter
 
-from .common import (BMax, DType, Device, DeviceMap, Draft, DrafterKind, K, MaskTokenId, MaxNew, Seed, Strategy,
+from .common import (BMax, Compile, KVCache, DType, Device, DeviceMap, Draft, DrafterKind, K, MaskTokenId, MaxNew, Seed, Strategy,
                      Target, TauMargin, Temperature, VMax, decode_config, drafter_block_size, err_console, fail, friendly_errors,
                      quiet_transformers)
 from .defaults import default_models
@@ -55,6 +55,8 @@ def generate(
     tau_margin: TauMargin = 1.0,
     b_max: BMax = 5,
     v_max: VMax = "auto",
+    kv_cache: KVCache = "static",
+    compile: Compile = False,
     device: Device = "cpu",
     dtype: DType = "float32",
     device_map: DeviceMap = None,
@@ -70,7 +72,7 @@ def generate(
         prompt = sys.stdin.read()
     if not prompt.strip():
         fail("the prompt is empty")
-    cfg = decode_config(strategy, max_new_tokens, temperature, seed, k, tau_margin, b_max, v_max)
+    cfg = decode_config(strategy, max_new_tokens, temperature, seed, k, tau_margin, b_max, v_max, kv_cache=kv_cache, compile=compile)
     target, draft, strategy_note = default_models(target, draft, cfg.strategy)
     if strategy_note:
         err_console.print(f"[yellow]note:[/] {strategy_note.message}")

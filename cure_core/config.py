@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, replace
 from .errors import CureError
 
 STRATEGIES = ("ar", "sd", "parallel", "cure", "ddtree")
+KV_LAYOUTS = ("static", "dynamic")
 
 
 class ConfigError(CureError, ValueError):
@@ -38,10 +39,17 @@ class DecodeConfig:
     resync: bool = True           # False: the drafter is fed branch 0's tokens instead of the emitted ones
     # --- stopping ---
     stop_at_eos: bool = True      # stop at the target's eos token(s)
+    # --- execution: speed only, never the output (lm.py) ---
+    kv_cache: str = "static"      # static: preallocated K/V rows, compacted in place | dynamic: HF DynamicCache
+    compile: bool = False         # torch.compile the target forward over padded static shapes (CUDA graphs on a GPU)
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
             raise ConfigError(f"unknown strategy {self.strategy!r}; choose one of {', '.join(STRATEGIES)}")
+        if self.kv_cache not in KV_LAYOUTS:
+            raise ConfigError(f"unknown KV cache layout {self.kv_cache!r}; choose one of {', '.join(KV_LAYOUTS)}")
+        if self.compile and self.kv_cache != "static":
+            raise ConfigError("--compile needs the static KV cache (--kv-cache static)")
         if self.k < 2:
             raise ConfigError(f"K must be at least 2 (the root plus one drafted token), got {self.k}")
         if self.k > 128:

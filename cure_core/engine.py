@@ -18,7 +18,7 @@ from .budget import SIZES, BudgetTuner, measure_cost_curve
 from .config import ConfigError, DecodeConfig
 from .drafters.base import Drafter
 from .errors import CureError
-from .lm import CachedLM
+from .lm import CachedLM, padded_size
 from .metrics import common_prefix
 from .strategies import CHAIN_STRATEGIES, build_tree
 from .tree import DraftTree, greedy_accept, sample_accept
@@ -62,7 +62,7 @@ class Engine:
         self.cfg = cfg
         self.drafter = pair.drafter_for(cfg.strategy)
         layers = self.drafter.target_layers if self.drafter is not None else ()
-        self.target = CachedLM(pair.target, hidden_layers=layers)
+        self.target = CachedLM(pair.target, hidden_layers=layers, kv=cfg.kv_cache, compile=cfg.compile)
         self.device = self.target.device
         self.tuner: BudgetTuner | None = None            # built at the first generation (--v-max auto)
 
@@ -104,7 +104,8 @@ class Engine:
 
         # Step 0. Prefill: every prompt token but the last; the last becomes the first root.
         t0 = self._now()
-        target.reset()
+        # A static cache holds the whole generation plus one tree of scratch rows (padded for static shapes).
+        target.reset(capacity=min(len(prompt) + cfg.max_new_tokens, limit) + padded_size(cfg.v_max + 1) + 2)
         pre = target.prefill(prompt[:-1])
         if drafter is not None:
             drafter.reset(prompt[:-1], pre.hidden if pre is not None else None)

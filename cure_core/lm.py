@@ -5,6 +5,15 @@ nodes: tokens forwarded speculatively, each with a parent. A forward over new no
 the whole committed prefix plus each node's own scratch ancestors (an ancestor-only 4D mask) at
 position id = committed length + depth. `commit()` keeps exactly a chosen chain of scratch nodes
 by gathering their K/V rows (no re-prefill); `rollback()` drops every scratch node.
+
+Two cache layouts (the output is the same; only speed differs):
+- "dynamic": HF's DynamicCache; every forward concatenates the new rows (the whole cache is copied)
+  and compaction gathers a new tensor.
+- "static": K/V rows preallocated once per capacity ([B, H, capacity, D] per layer, reused across
+  generations); forwards write their rows in place and compaction moves the kept rows down in place.
+  With `static_shapes`, every forward also has a fixed shape: the node count is padded up to one of
+  PAD_SIZES with dummy nodes and attention always spans the whole capacity, so `torch.compile`
+  (CUDA graphs on a GPU) sees a handful of shapes instead of one per tree size.
 """
 from __future__ import annotations
 
@@ -14,9 +23,58 @@ from typing import Sequence
 import numpy as np
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
 
+from .config import KV_LAYOUTS
 from .tree import extend_ancestors
+
+
+# Node counts a static-shape forward is padded up to (beyond the last: multiples of 128).
+PAD_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
+
+
+def padded_size(n: int) -> int:
+    for s in PAD_SIZES:
+        if n <= s:
+            return s
+    return -(-n // 128) * 128
+
+
+class RowLayer(StaticLayer):
+    """One layer's preallocated K/V rows [B, H, capacity, D]. A forward writes its rows in place at
+    the current end; `full` returns the whole buffer (static shapes), else a view of the rows in use."""
+
+    def __init__(self, capacity: int, full: bool):
+        super().__init__(max_cache_len=capacity)
+        self.full = full
+        self.used = 0                           # rows in use (host mirror of cumulative_length)
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n = key_states.shape[-2]
+        # Rule: new rows go at the end; the position comes from a device tensor (no host sync, graph-safe).
+        pos = self.cumulative_length + torch.arange(n, device=self.device)
+        self.cumulative_length.add_(n)
+        self.keys.index_copy_(2, pos, key_states)
+        self.values.index_copy_(2, pos, value_states)
+        if self.full:
+            return self.keys, self.values
+        end = self.used + n
+        return self.keys[:, :, :end], self.values[:, :, :end]
+
+    def set_used(self, n: int) -> None:
+        self.used = n
+        if self.is_initialized:
+            self.cumulative_length.fill_(n)
+
+    def keep_rows(self, start: int, src: torch.Tensor) -> None:
+        """Rows src (ascending, all >= start) move down to start.. in place; the rest is dropped."""
+        if self.is_initialized and len(src):
+            src = src.to(self.device)
+            self.keys[:, :, start:start + len(src)] = self.keys.index_select(2, src)
+            self.values[:, :, start:start + len(src)] = self.values.index_select(2, src)
+        self.set_used(start + len(src))
 
 
 @dataclass(frozen=True)
@@ -27,15 +85,41 @@ class Forward:
 
 
 class CachedLM:
-    def __init__(self, model, hidden_layers: Sequence[int] = ()):
+    def __init__(self, model, hidden_layers: Sequence[int] = (), kv: str = "dynamic",
+                 static_shapes: bool = False, compile: bool = False, capacity: int = 1024):
+        if kv not in KV_LAYOUTS:
+            raise ValueError(f"unknown KV cache layout {kv!r}; choose one of {', '.join(KV_LAYOUTS)}")
+        if (static_shapes or compile) and kv != "static":
+            raise ValueError("static shapes and compile need the static KV cache")
         self.model = model
         self.config = model.config
         self.device = next(model.parameters()).device
         self.hidden_layers = tuple(hidden_layers)   # hidden_states indices to return (0 = embeddings)
-        self.reset()
+        self.kv = kv
+        self.static_shapes = static_shapes or compile   # compiled graphs want a few fixed shapes
+        self.run = model
+        if compile:
+            # On a GPU "reduce-overhead" replays CUDA graphs: one per padded size.
+            mode = "reduce-overhead" if self.device.type == "cuda" else "default"
+            self.run = torch.compile(model, mode=mode, dynamic=False)
+        self.capacity = 0
+        self.cache = None
+        self.reset(capacity)
 
-    def reset(self) -> None:
-        self.cache = DynamicCache(config=self.config)
+    @torch.inference_mode()
+    def reset(self, capacity: int | None = None) -> None:
+        """Drop everything cached. A static cache keeps its buffers when they already hold
+        `capacity` rows (default: what they hold now, or 1024 the first time)."""
+        if self.kv == "dynamic":
+            self.cache = DynamicCache(config=self.config)
+        else:
+            need = capacity or self.capacity or 1024
+            if self.cache is None or need > self.capacity:
+                n_layers = int(self.config.num_hidden_layers)
+                self.capacity = need
+                self.cache = Cache(layers=[RowLayer(need, full=self.static_shapes) for _ in range(n_layers)])
+            for layer in self.cache.layers:
+                layer.set_used(0)
         self.committed = 0                              # tokens of verified context in the cache
         self.scratch_tokens: list[int] = []
         self.scratch_depth = np.zeros(0, dtype=np.int64)     # [S] depth below the committed end (1-based)
@@ -61,23 +145,41 @@ class CachedLM:
         all_depth = np.asarray(dep, dtype=np.int64)
         new_depth = all_depth[s_old:]
         anc = extend_ancestors(self.scratch_anc, parents, new_depth)   # [S_old+N, S_old+N]
-        # Mask: [1, 1, N, committed + S_old + N]; every new node sees the committed prefix and
-        # exactly its own scratch ancestors (itself included).
-        mask = torch.ones((n, self.committed + s_old + n), dtype=torch.bool)
-        mask[:, self.committed:] = torch.from_numpy(anc[s_old:])
+        end = self.committed + s_old + n                     # cache rows in use after this forward
+        # Static shapes: pad to n_pad nodes with dummies (depth 1, seeing the prefix and themselves;
+        # no real node sees them) and span the whole capacity; their rows are dropped right after.
+        n_pad = padded_size(n) if self.static_shapes else n
+        width = self.capacity if self.static_shapes else end
+        if self.kv == "static" and self.committed + s_old + n_pad > self.capacity:
+            raise RuntimeError(f"KV cache capacity {self.capacity} exceeded "
+                               f"({self.committed} committed + {s_old + n_pad} scratch rows)")
+        # Mask: [1, 1, N_pad, width]; every new node sees the committed prefix and exactly its own
+        # scratch ancestors (itself included).
+        mask = torch.zeros((n_pad, width), dtype=torch.bool)
+        mask[:, :self.committed] = True
+        mask[:n, self.committed:end] = torch.from_numpy(anc[s_old:])
         # Rule: position id = committed length + depth - 1 (a node right after the prefix sits at `committed`).
-        pos = torch.from_numpy(self.committed + new_depth - 1)
-        ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=ids, attention_mask=mask[None, None].to(self.device),
-                         position_ids=pos[None].to(self.device), cache=self.cache, use_cache=True,
-                         output_hidden_states=bool(self.hidden_layers))
+        pos = torch.full((n_pad,), self.committed, dtype=torch.long)
+        pos[:n] = torch.from_numpy(self.committed + new_depth - 1)
+        toks = list(tokens)
+        if n_pad > n:
+            dummy = torch.arange(n, n_pad)
+            mask[dummy, end - n + dummy] = True
+            toks += [toks[-1]] * (n_pad - n)
+        ids = torch.tensor([toks], dtype=torch.long, device=self.device)
+        out = self.run(input_ids=ids, attention_mask=mask[None, None].to(self.device),
+                       position_ids=pos[None].to(self.device), cache=self.cache, use_cache=True,
+                       output_hidden_states=bool(self.hidden_layers))
+        if self.kv == "static":
+            for layer in self.cache.layers:
+                layer.set_used(end)                          # dummies' rows are overwritten next time
         hidden = None
         if self.hidden_layers:
-            hidden = torch.cat([out.hidden_states[i][0] for i in self.hidden_layers], dim=-1)
+            hidden = torch.cat([out.hidden_states[i][0, :n] for i in self.hidden_layers], dim=-1)
         self.scratch_tokens.extend(int(t) for t in tokens)
         self.scratch_depth = all_depth
         self.scratch_anc = anc
-        return Forward(logits=out.logits[0].float(), hidden=hidden, nodes=list(range(s_old, s_old + n)))
+        return Forward(logits=out.logits[0, :n].float(), hidden=hidden, nodes=list(range(s_old, s_old + n)))
 
     def prefill(self, ids: Sequence[int]) -> Forward | None:
         """Forward a chain of tokens and commit it."""
@@ -87,6 +189,7 @@ class CachedLM:
         self.commit(fwd.nodes)
         return fwd
 
+    @torch.inference_mode()
     def commit(self, keep: Sequence[int]) -> None:
         """Make scratch nodes `keep` (a root-to-leaf chain, shallow to deep) part of the committed
         prefix and drop every other scratch node: the cache is gathered to exactly those rows."""
@@ -100,6 +203,10 @@ class CachedLM:
         if keep == list(range(len(keep))):
             # Fast path: the kept chain is a prefix of the scratch rows; crop the rest.
             self._crop(self.committed + len(keep))
+        elif self.kv == "static":
+            src = torch.tensor([self.committed + i for i in keep], dtype=torch.long)
+            for layer in self.cache.layers:
+                layer.keep_rows(self.committed, src)
         else:
             idx = torch.tensor(list(range(self.committed)) + [self.committed + i for i in keep], dtype=torch.long)
             on: dict = {}                                           # idx per device (device_map spreads layers)
@@ -121,6 +228,10 @@ class CachedLM:
         self.commit([])
 
     def _crop(self, length: int) -> None:
+        if self.kv == "static":
+            for layer in self.cache.layers:
+                layer.set_used(length)
+            return
         for layer in self.cache.layers:
             if layer.is_initialized and layer.keys.shape[-2] > length:
                 layer.keys = layer.keys[..., :length, :]

@@ -109,6 +109,9 @@ def test_speedup_match_and_ablation_deltas_in_compute():
     assert m["cure"]["speedup_vs_ar"] == pytest.approx(2.5)
     assert m["cure"]["speedup_vs_sd"] == pytest.approx(1.25)
     assert m["ar"]["speedup_vs_ar"] == pytest.approx(1.0)
+    # ceiling: tau 4 x (ar TPOT 10 ms / cure's verify 9.6 ms per block); achieved 2.5x of it
+    assert m["cure"]["ceiling_speedup_vs_ar"] == pytest.approx(4 * 10 / 9.6)
+    assert m["cure"]["share_of_ceiling"] == pytest.approx(2.5 / (4 * 10 / 9.6))
     assert m["cure"]["match_vs_ar"] == 1.0 and m["ar"]["match_vs_ar"] is None
     assert m["cure-no-resync"]["match_vs_ar"] == pytest.approx(0.5)
     a = c["ablation"]["cure-no-resync"]

@@ -1,14 +1,19 @@
 """KV compaction: after keeping only the accepted nodes, the cache is as if freshly computed."""
+import pytest
 import torch
 
-from cure_core.lm import CachedLM
+from cure_core.lm import CachedLM, padded_size
 from cure_core.tree import DraftTree
 
+LAYOUTS = [dict(kv="dynamic"), dict(kv="static"), dict(kv="static", static_shapes=True)]
+LAYOUT_IDS = ["dynamic", "static", "static-shapes"]
 
-def test_compaction_equals_fresh_forward(target):
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
+def test_compaction_equals_fresh_forward(target, layout):
     torch.manual_seed(0)
     ctx = torch.randint(0, 256, (20,)).tolist()
-    lm = CachedLM(target)
+    lm = CachedLM(target, **layout)
     lm.prefill(ctx[:-1])
     tree = DraftTree()
     tree.add_path([5, 6, 7, 8], branch=0)
@@ -30,8 +35,9 @@ def test_compaction_equals_fresh_forward(target):
     assert torch.allclose(fwd.logits[node15 + 1], full[-1], atol=1e-5)
 
 
-def test_rollback_restores_the_committed_prefix(target):
-    lm = CachedLM(target)
+@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
+def test_rollback_restores_the_committed_prefix(target, layout):
+    lm = CachedLM(target, **layout)
     lm.prefill([1, 2, 3])
     before = lm.forward([4], [-1]).logits[0]
     lm.rollback()
@@ -39,3 +45,40 @@ def test_rollback_restores_the_committed_prefix(target):
     lm.rollback()
     after = lm.forward([4], [-1]).logits[0]
     assert torch.allclose(before, after, atol=1e-6)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS[1:], ids=LAYOUT_IDS[1:])
+def test_static_cache_matches_dynamic_over_many_blocks(target, layout):
+    """Random trees and commits, block after block: the static layouts give the dynamic cache's
+    logits (the static buffers are also reused across a reset)."""
+    gen = torch.Generator().manual_seed(3)
+    dyn, sta = CachedLM(target), CachedLM(target, **layout)
+    for round_ in range(2):
+        ctx = torch.randint(0, 256, (9 + round_,), generator=gen).tolist()
+        for lm in (dyn, sta):
+            lm.reset(capacity=128)
+            lm.prefill(ctx)
+        for _ in range(6):
+            n = int(torch.randint(1, 12, (1,), generator=gen))
+            toks = torch.randint(0, 256, (n,), generator=gen).tolist()
+            parents = [-1] + [int(torch.randint(-1, j, (1,), generator=gen)) for j in range(n - 1)]
+            a, b = dyn.forward(toks, parents), sta.forward(toks, parents)
+            assert torch.allclose(a.logits, b.logits, atol=1e-5)
+            leaf = int(torch.randint(0, n, (1,), generator=gen))
+            chain = [leaf]
+            while parents[chain[-1]] >= 0:
+                chain.append(parents[chain[-1]])
+            for lm in (dyn, sta):
+                lm.commit(chain[::-1])
+        assert dyn.committed == sta.committed
+
+
+def test_static_cache_refuses_to_overflow(target):
+    lm = CachedLM(target, kv="static", capacity=8)
+    lm.prefill([1, 2, 3, 4, 5])
+    with pytest.raises(RuntimeError, match="capacity"):
+        lm.forward([1, 2, 3, 4], [-1, 0, 1, 2])
+
+
+def test_padded_sizes():
+    assert [padded_size(n) for n in (1, 3, 16, 17, 64, 65, 129)] == [1, 4, 16, 24, 64, 96, 256]

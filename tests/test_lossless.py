@@ -32,6 +32,7 @@ def configs(draw):
         keep_branch0=draw(st.booleans()),
         resync=draw(st.booleans()),
         auto_budget=draw(st.booleans()),
+        kv_cache=draw(st.sampled_from(["static", "dynamic"])),
     )
 
 
@@ -42,9 +43,10 @@ prompts = st.lists(st.integers(0, 255), min_size=1, max_size=24)
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(prompt=prompts, conf=configs(), noise=st.sampled_from(["mild", "strong"]))
 def test_every_strategy_equals_ar(target, drafts, prompt, conf, noise):
-    """60 examples x 4 speculative strategies = 240 (prompt, config) cases against ar."""
+    """60 examples x 4 speculative strategies = 240 (prompt, config) cases against ar (which always
+    runs on transformers' DynamicCache: the static cache must not change a token either)."""
     pair = make_pair(target, drafts[noise])
-    ref, _ = run(pair, DecodeConfig(strategy="ar", **conf), prompt)
+    ref, _ = run(pair, DecodeConfig(strategy="ar", **dict(conf, kv_cache="dynamic")), prompt)
     for strategy in SPECULATIVE:
         out, blocks = run(pair, DecodeConfig(strategy=strategy, **conf), prompt)
         assert out == ref, f"{strategy} diverged from ar with {conf}"
@@ -169,3 +171,15 @@ def test_budget_tuner_costs_the_tree_a_budget_would_really_hold():
     assert t.rate(32) == t.rate(64)                        # bigger budgets change nothing for such trees
     t.observe(b, 20)                                       # the same tree, cut at its budget of 20
     assert t.expected_size(64) == (20 + 64) / 2
+
+
+def test_compiled_static_shapes_equal_ar(target, drafts):
+    """--compile: torch.compile over padded static shapes (CUDA graphs on a GPU; inductor on this
+    CPU) emits ar's tokens. The dummy padding nodes must never be accepted or seen."""
+    pair = make_pair(target, drafts["mild"])
+    prompt = list(b"def f(x):\n")
+    conf = dict(max_new_tokens=14, k=5, v_max=12, tau_margin=3.0)
+    ref, _ = run(pair, DecodeConfig(strategy="ar", kv_cache="dynamic", **conf), prompt)
+    out, blocks = run(pair, DecodeConfig(strategy="cure", compile=True, **conf), prompt)
+    assert out == ref
+    assert any(b.ufps for b in blocks)                 # repair branches really went through the padded path

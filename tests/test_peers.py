@@ -86,3 +86,27 @@ def test_first_mismatch(peers):
     assert peers.first_mismatch([1, 2, 3], [1, 2, 3]) is None
     assert peers.first_mismatch([1, 9, 3], [1, 2, 3]) == 1
     assert peers.first_mismatch([1, 2], [1, 2, 3]) == 2
+
+
+def test_ceiling_definition(peers):
+    """ceiling = tau x (ar ms/token / verify ms per block); share = achieved speedup / ceiling."""
+    out = {"cure_ar": {"decode_ms": 1000.0, "decode_tokens": 10, "tokens_per_s": 10.0, "tau": 1.0},
+           "cure_cure": {"decode_ms": 1000.0, "decode_tokens": 15, "tokens_per_s": 15.0, "tau": 3.0},
+           "hf_generate": {"decode_ms": 900.0, "decode_tokens": 9, "tokens_per_s": 10.0, "tau": 1.0}}
+    results = [{"method": "cure_ar", "target_forwards": 10, "verify_ms": 1000.0, "mean_tree_size": 0.0},
+               # 5 blocks verified at 200 ms each (tree of 20): the ceiling is 3 x 100/200 = 1.5
+               {"method": "cure_cure", "target_forwards": 5, "verify_ms": 1000.0, "mean_tree_size": 20.0},
+               {"method": "hf_generate", "target_forwards": 9}]
+    peers.ceilings(out, results)
+    assert out["cure_cure"]["ceiling_speedup"] == pytest.approx(1.5)
+    assert out["cure_cure"]["share_of_ceiling"] == pytest.approx(1.5 / 1.5)
+    assert out["cure_cure"]["mean_tree_size"] == pytest.approx(20.0)
+    assert out["cure_ar"]["ceiling_speedup"] == pytest.approx(1.0)
+    assert out["hf_generate"]["ceiling_speedup"] is None
+
+
+def test_tiny_run_reports_ceilings(report):
+    for name in CURE:
+        s = report["summary"][name]
+        assert s["ceiling_speedup"] > 0 and 0 < s["share_of_ceiling"], name
+    assert report["summary"]["hf_generate"]["ceiling_speedup"] is None

@@ -120,12 +120,15 @@ def print_tables(console: Console, results: dict) -> None:
                   f"{m['mean_tree_size']:.1f}", str(m["max_tree_size"]))
     console.print(t)
 
-    t = _table("time split (share of decode time; prefill excluded)", ("run", "left"), ("ms/block", "right"),
-               ("draft", "right"), ("tree", "right"), ("verify", "right"), ("commit", "right"))
+    t = _table("time split (share of decode time; prefill excluded) and the ceiling: tau x ar TPOT / verify ms "
+               "per block", ("run", "left"), ("ms/block", "right"),
+               ("draft", "right"), ("tree", "right"), ("verify", "right"), ("commit", "right"),
+               ("ceiling x ar", "right"), ("of ceiling", "right"))
     for name in names:
         m = metrics[name]
         sp = m["time_split"]
-        t.add_row(name, f"{m['ms_per_block']:.1f}", *(f"{sp[k]:.0%}" for k in ("draft", "tree", "verify", "commit")))
+        t.add_row(name, f"{m['ms_per_block']:.1f}", *(f"{sp[k]:.0%}" for k in ("draft", "tree", "verify", "commit")),
+                  _f(m.get("ceiling_speedup_vs_ar"), "{:.2f}x"), _f(m.get("share_of_ceiling"), "{:.0%}"))
     console.print(t)
 
     budgets = {k: v["budget"] for k, v in metrics.items() if v.get("budget")}

@@ -6,6 +6,8 @@ interrupt some prompt may be missing a run; it is left out of the comparison, ne
 - tau            emitted tokens / target forwards, bonus included (ar = 1.00)
 - TPOT           decode ms / emitted token, prefill excluded; tokens/s = 1000 / TPOT
 - speedup        reference TPOT / run TPOT (vs ar, and vs sd when it ran)
+- ceiling        tau x (ar TPOT / the run's verify ms per block): the speedup over ar if drafting and
+                 every non-model step were free; share of ceiling = speedup / ceiling
 - per-position   rate at which the winning path reached depth d, over blocks that drafted that deep
 - repair wins    blocks where a repair branch beat branch 0, / blocks
 - match vs ar    sum over prompts of the common-prefix length with ar's tokens / sum of
@@ -105,6 +107,13 @@ def compute(pairs: Sequence[PairResult], runs: Sequence[RunSpec], depth: int) ->
         for n in names:
             metrics[n][f"speedup_vs_{ref}"] = (speedup(metrics[ref]["tpot_ms"], metrics[n]["tpot_ms"])
                                                if ref in metrics and keep else None)
+    for n in names:
+        m = metrics[n]
+        verify = m["time_ms"]["verify"] / m["blocks"] if m["blocks"] else 0.0
+        ceiling = (m["tau"] * metrics["ar"]["tpot_ms"] / verify
+                   if "ar" in metrics and keep and verify > 0 and metrics["ar"]["tpot_ms"] > 0 else None)
+        m["ceiling_speedup_vs_ar"] = ceiling
+        m["share_of_ceiling"] = m["speedup_vs_ar"] / ceiling if ceiling and m["speedup_vs_ar"] else None
     lossless = {}
     if "ar" in by_run and keep:
         reference = {p.prompt_index: p.token_ids for p in by_run["ar"]}
