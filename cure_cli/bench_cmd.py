@@ -16,7 +16,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console, Group
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 from cure_core.config import ConfigError
@@ -27,7 +27,7 @@ from .bench import report, stats
 from .bench.runner import (BenchPrompt, PairResult, ProgressLog, build_runs, interleave, parse_list,
                            run_interleaved, warm_up)
 from .bench.scoring import REFUSAL, Scorer, needs_exec, summarize_scores
-from .common import (BMax, Compile, KVCache, DType, Device, DeviceMap, Draft, DrafterKind, K, MaskTokenId, MaxNew, Seed, Target,
+from .common import (LoggedProgress, BMax, Compile, KVCache, DType, Device, DeviceMap, Draft, DrafterKind, K, MaskTokenId, MaxNew, Seed, Target,
                      TauMargin, Temperature, VMax, decode_config, drafter_block_size, err_console, fail, friendly_errors,
                      quiet_transformers)
 from .defaults import AR_DRAFT_FOR, default_models
@@ -37,13 +37,16 @@ RAW_BY_DEFAULT = ("humaneval", "mbpp")          # completion-style prompts (sign
 WARMUP_TOKENS = 32                              # tokens per warm-up generation
 
 
-class _BenchProgress(Progress):
+class _BenchProgress(LoggedProgress):
     """A progress bar with one extra line: running tau and tok/s per run."""
 
     stats_line: Text = Text("")
 
     def get_renderables(self):
         yield Group(self.make_tasks_table(self.tasks), self.stats_line)
+
+    def log_extra(self) -> str:
+        return self.stats_line.plain
 
 
 class _Running:

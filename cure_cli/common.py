@@ -4,10 +4,12 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import time
 from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.progress import Progress
 
 from cure_core.config import ConfigError, DecodeConfig
 from cure_core.errors import CureError
@@ -98,3 +100,42 @@ def quiet_transformers() -> None:
 
 def stdout_is_tty() -> bool:
     return sys.stdout.isatty()
+
+
+class LoggedProgress(Progress):
+    """rich Progress that also works in a log file: when its console is not a terminal (nohup, CI,
+    a pipe) bars are never drawn, so it prints one plain line per task every `every` seconds and
+    when a task completes."""
+
+    def __init__(self, *columns, every: float = 30.0, **kwargs):
+        super().__init__(*columns, **kwargs)
+        self.every = every
+        self._logged: dict = {}                   # task id -> monotonic time of its last line
+
+    def update(self, task_id, **kwargs) -> None:
+        super().update(task_id, **kwargs)
+        self._log(task_id)
+
+    def advance(self, task_id, advance: float = 1) -> None:
+        super().advance(task_id, advance)
+        self._log(task_id)
+
+    def log_extra(self) -> str:
+        """More text for the plain lines (subclasses: running stats)."""
+        return ""
+
+    def _log(self, task_id) -> None:
+        if self.console.is_terminal:
+            return
+        task = self._tasks[task_id]
+        now = time.monotonic()
+        done = task.total is not None and task.completed >= task.total
+        last = self._logged.get(task_id)
+        if last == "done" or (not done and last is not None and now - last < self.every):
+            return
+        self._logged[task_id] = "done" if done else now
+        total = "?" if task.total is None else f"{task.total:g}"
+        info = " ".join(x for x in (str(task.fields.get("info", "")).strip(), self.log_extra()) if x)
+        self.console.print(f"{task.description}: {task.completed:g}/{total} "
+                           f"[{time.strftime('%H:%M:%S')}, {task.elapsed or 0:.0f}s]"
+                           + (f" {info}" if info else ""), highlight=False, markup=False)

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from .common import Device, err_console, friendly_errors, quiet_transformers
+from .common import Device, LoggedProgress, err_console, friendly_errors, quiet_transformers
 
 console = Console()
 
@@ -105,7 +105,7 @@ def train_drafter(
                       eval_new_tokens=eval_new_tokens, eval_texts=eval_texts)
     cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             TimeRemainingColumn(), TextColumn("{task.fields[info]}"))
-    with Progress(*cols, console=err_console, transient=False) as progress:
+    with LoggedProgress(*cols, console=err_console, transient=False) as progress:
         result = run(opts, Bars(progress), log=lambda m: progress.console.print(m, highlight=False))
     tr = result["train"]
     console.print(f"[bold]saved[/] {tr['kind']} drafter to {out}  ({tr['steps_done']} steps, "
