@@ -69,6 +69,7 @@ def train_drafter(
     gamma: Annotated[float, typer.Option("--gamma", help="Offset i weighs exp(-(i-1)/gamma) in the loss; 0 = equal.")] = 4.0,
     target_layers: Annotated[Optional[str], typer.Option("--target-layers", help="dflash: comma-separated target decoder layers to condition on (default: L/4, L/2, L-2).")] = None,
     pard_init: Annotated[str, typer.Option("--pard-init", help="pard: shrink (the target with --layers layers) | scratch.")] = "shrink",
+    pard_train_embeddings: Annotated[bool, typer.Option("--pard-train-embeddings/--pard-freeze-embeddings", help="pard shrink: also train the copied embedding and lm_head (about 136M parameters for Qwen2.5: each step costs several times more on a CPU). Frozen by default, as DFlash keeps the target's.")] = False,
     seed: Annotated[int, typer.Option("--seed", help="Seeds the split, the init and every batch.")] = 0,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from OUT/checkpoint (features are reused).")] = False,
     device: Device = "cpu",
@@ -101,7 +102,7 @@ def train_drafter(
         from .datasets import load_humaneval                 # the packaged HumanEval prompts
         eval_texts = [p.prompt for p in load_humaneval(eval_prompts)]
     opts = RunOptions(target=target, out=out, train=spec, data=data, device=device, layer_ids=ids,
-                      pard_init=pard_init, resume=resume, eval_prompts=eval_prompts, eval_set=eval_set,
+                      pard_init=pard_init, pard_train_embeddings=pard_train_embeddings, resume=resume, eval_prompts=eval_prompts, eval_set=eval_set,
                       eval_new_tokens=eval_new_tokens, eval_texts=eval_texts)
     cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             TimeRemainingColumn(), TextColumn("{task.fields[info]}"))

@@ -103,6 +103,9 @@ def test_pard_trains_loads_as_pard_and_decodes_losslessly(setup, tmp_path):
     assert json.loads((out / "config.json").read_text())["pard_token"] == res["train"]["mask_token_id"]
     loaded = _check_lossless(out, setup)
     assert loaded.drafter_kind == "pard"
+    # The shrunk copy keeps the target's embedding frozen (only its decoder layers learn); it was saved in fp16.
+    emb = loaded.pair.drafter.lm.model.get_input_embeddings().weight
+    assert torch.equal(emb, loaded.pair.target.get_input_embeddings().weight.half().to(emb.dtype))
     # The eval's mixed-mask forward drafts exactly what PardDrafter proposes.
     d = loaded.pair.drafter
     seq = loaded.tokenizer.encode("def h(x, y):\n    x = x + 1\n    return y\n", add_special_tokens=False)
@@ -162,3 +165,15 @@ def test_self_distill_corpus_is_the_targets_own_continuations(setup, tmp_path, m
     assert len(train) == 3 and len(held) == 1
     for d in train + held:
         assert d.text.lstrip().startswith(("def ", "async def ", "@"))
+
+
+def test_pard_can_train_its_embeddings(setup, tmp_path):
+    from transformers import AutoModelForCausalLM
+    out = tmp_path / "pard-emb"
+    opts = _opts(setup, out, "pard", steps=4)
+    opts.pard_train_embeddings = True
+    opts.save_dtype = "float32"
+    run(opts, _bars, log=lambda m: None)
+    mine = AutoModelForCausalLM.from_pretrained(out).get_input_embeddings().weight
+    theirs = AutoModelForCausalLM.from_pretrained(setup / "target").get_input_embeddings().weight
+    assert not torch.equal(mine, theirs)

@@ -33,6 +33,7 @@ class RunOptions:
     layer_ids: list[int] | None = None      # dflash: target decoder layers to condition on
     pard_init: str = "shrink"               # pard: shrink (target with fewer layers) | scratch
     pard_hidden: int = 256                  # pard scratch: hidden size
+    pard_train_embeddings: bool = False     # pard shrink: train the copied embedding / lm_head too (slow on CPU)
     resume: bool = False
     eval_prompts: int = 4
     eval_set: str = "humaneval"             # humaneval | heldout
@@ -125,6 +126,10 @@ def run(opts: RunOptions, progress_factory: Callable, log: Callable = print) -> 
         from . import pard_train as P
         if opts.pard_init == "shrink":
             model = P.shrink_target(target, spec.layers, mask_id)
+            if not opts.pard_train_embeddings:
+                # Like DFlash, keep the target's embedding and head: the decoder layers learn around them.
+                model.get_input_embeddings().weight.requires_grad_(False)
+                model.get_output_embeddings().weight.requires_grad_(False)
         elif opts.pard_init == "scratch":
             model = P.scratch_model(target, spec.layers, opts.pard_hidden, mask_id)
         else:
