@@ -11,6 +11,9 @@ the machine (steep on a CPU, nearly flat on a GPU up to dozens of tokens). So th
      every V <= T (and for every V when the tree was not cut by its budget).
 The first blocks use the ceiling; then every `explore_every`-th block tries the next budget up, so
 the estimates just above the chosen one stay fresh without paying for the largest trees.
+Budget 0 is a candidate too: no draft, a plain ar step (no drafting cost). Where no tree pays, e.g.
+a CPU that verifies 2 tokens in twice the time of 1, the tuner settles there and cure runs at ar's
+speed plus the warm-up and exploration blocks, instead of below it.
 """
 from __future__ import annotations
 
@@ -167,7 +170,8 @@ class BudgetTuner:
         ea = self.expected_accept(v)
         if ea is None:
             return None
-        c_d = statistics.mean(self.overhead_ms[-self.window:]) if self.overhead_ms else 0.0
+        # Rule: budget 0 drafts nothing, so it pays no drafting cost (C_d = 0): a plain ar step.
+        c_d = statistics.mean(self.overhead_ms[-self.window:]) if self.overhead_ms and v > 0 else 0.0
         return (ea + 1.0) / (c_d + self.verify_ms(self.expected_size(v)))
 
     def verify_ms(self, v: float) -> float:
@@ -196,7 +200,8 @@ class BudgetTuner:
 
     def observe(self, block: Block, budget: int) -> None:
         t = block.timings
-        self.overhead_ms.append(t.draft_ms + t.tree_ms + t.commit_ms)
+        if budget > 0:                                    # C_d is the cost of drafting blocks only
+            self.overhead_ms.append(t.draft_ms + t.tree_ms + t.commit_ms)
         expected = self.curve.verify(block.tree_size)
         if expected > 0 and t.verify_ms > 0:
             self.verify_scale.append(t.verify_ms / expected)

@@ -69,9 +69,10 @@ class Engine:
     def _make_tuner(self) -> BudgetTuner:
         cfg = self.cfg
         curve = measure_cost_curve(self.pair.target, max_size=cfg.v_max)
-        # Budgets up to K-1 shorten the block itself (branch 0 stays whole, just shorter: a smaller K);
-        # larger ones leave room for repair branches (tree strategies only).
-        shorter = [s for s in SIZES if 0 < s < cfg.depth] + [cfg.depth]
+        # Budget 0 skips drafting (a plain ar step: where verifying even 2 tokens costs more than the
+        # drafts win back, e.g. a CPU); budgets up to K-1 shorten the block itself (branch 0 stays whole,
+        # just shorter: a smaller K); larger ones leave room for repair branches (tree strategies only).
+        shorter = [s for s in SIZES if 0 <= s < cfg.depth] + [cfg.depth]
         wider = [] if cfg.strategy in CHAIN_STRATEGIES else [s for s in SIZES if cfg.depth < s < cfg.v_max] + [cfg.v_max]
         return BudgetTuner(curve, sorted(set(shorter + wider)))
 
@@ -119,7 +120,9 @@ class Engine:
             room = min(cfg.depth, limit - ctx - 2, cfg.max_new_tokens - new - 1)
             budget = tuner.choose() if tuner is not None else cfg.v_max
             block_cfg = cfg
-            if tuner is not None and budget <= cfg.depth:
+            if tuner is not None and budget == 0:
+                room = 0                                  # no draft this block: the target steps alone
+            elif tuner is not None and budget <= cfg.depth:
                 room = min(room, budget)                  # a shorter block: K = budget + 1, no repairs
                 block_cfg = cfg.with_(k=budget + 1, v_max=budget)
             elif tuner is not None:

@@ -183,3 +183,66 @@ def test_compiled_static_shapes_equal_ar(target, drafts):
     out, blocks = run(pair, DecodeConfig(strategy="cure", compile=True, **conf), prompt)
     assert out == ref
     assert any(b.ufps for b in blocks)                 # repair branches really went through the padded path
+
+
+def test_budget_tuner_skips_drafting_when_no_tree_pays():
+    """A CPU-like linear curve (2 tokens cost twice 1) and weak acceptance: budget 0 (a plain ar
+    step, no drafting cost) beats every tree; strong acceptance on a GPU-like flat curve brings the
+    trees back (on a linear curve no tree can ever pay: tau would have to exceed V + 1)."""
+    from cure_core.block import Block, Resync, Timings, TreeNode
+    from cure_core.budget import BudgetTuner, CostCurve
+
+    def block(accepted, size):
+        nodes = tuple(TreeNode(token=i, parent=-1, depth=1, branch=0, accepted=i in accepted) for i in range(size))
+        return Block(index=0, strategy="cure", context_len=0, root=0, draft=(), margins=(), ufps=(), nodes=nodes,
+                     accepted=tuple(accepted), winner=0, branch0_accepted=0, bonus=0, emitted=(),
+                     resync=Resync("none", ()), timings=Timings(draft_ms=20.0), stop=None)
+    linear = CostCurve((0, 1, 7, 16), (100.0, 200.0, 800.0, 1700.0))
+    flat = CostCurve((0, 1, 7, 16), (100.0, 105.0, 120.0, 140.0))
+    weak, strong = BudgetTuner(linear, [0, 1, 4, 7, 16]), BudgetTuner(flat, [0, 1, 4, 7, 16])
+    for i in range(10):
+        weak.observe(block([0] if i % 5 == 0 else [], 16), 16)           # 20% of blocks accept 1 token
+        strong.observe(block(list(range(12)), 16), 16)                  # 12 of 16 every block
+    weak.blocks = strong.blocks = 1
+    assert weak.choose() == 0 and weak.predicted_speedup(0) == pytest.approx(1.0)
+    assert strong.choose() == 16 and strong.predicted_speedup(16) > 1
+
+
+@pytest.mark.parametrize("strategy", ["sd", "parallel", "cure"])
+def test_blocks_without_a_draft_keep_the_drafter_in_sync(target, strategy, monkeypatch):
+    """Budget 0 skips propose(); the drafter must still see every emitted token (the root included).
+    With the target itself as the drafter every drafted token is accepted iff the drafter's context
+    is exactly the emitted text."""
+    from cure_core.drafters.causal import ArDrafter, PardDrafter
+    from cure_core.engine import ModelPair
+    from cure_core.tiny import BYTE_VOCAB, MASK_ID
+
+    class Alternate:                                   # budgets 0, 4, 0, 4, ...
+        def __init__(self):
+            self.n, self.last_prediction = 0, None
+            self.candidates = [0, 4]
+
+        def choose(self):
+            self.n += 1
+            return 0 if self.n % 2 else 4
+
+        def observe(self, block, budget):
+            pass
+
+    monkeypatch.setattr(Engine, "_make_tuner", lambda self: Alternate())
+    if strategy == "sd":
+        pair = ModelPair(target=target, ar_drafter=ArDrafter(target, vocab_size=BYTE_VOCAB))
+    else:
+        # the target as a PARD drafter drafts right at offset 1 only; accept >= 1 per drafting block
+        pair = ModelPair(target=target, drafter=PardDrafter(target, MASK_ID, vocab_size=BYTE_VOCAB))
+    prompt = list(b"def g(a):\n    ")
+    cfg = DecodeConfig(strategy=strategy, k=5, max_new_tokens=40, auto_budget=True, tau_margin=0.0)
+    out, blocks = run(pair, cfg, prompt)
+    assert out == generate_ids(pair, cfg.with_(strategy="ar", auto_budget=False), prompt)
+    drafting = [b for b in blocks if b.draft]
+    assert drafting and len(drafting) < len(blocks)
+    for b in drafting[:-1]:                            # the last block may be cut by max_new_tokens
+        if strategy == "sd":
+            assert len(b.accepted) == len(b.draft), b.index
+        else:
+            assert len(b.accepted) >= 1, b.index

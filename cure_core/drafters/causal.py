@@ -27,6 +27,7 @@ class _CausalDrafter:
         # Draft logits beyond the target's vocabulary (padding rows, mask tokens) are never proposed.
         self.vocab_size = vocab_size
         self.pending: list[int] = []
+        self.root_fed = False           # propose() put this block's root in the cache
 
     def _logits(self, logits: torch.Tensor) -> torch.Tensor:
         return logits[..., : self.vocab_size] if self.vocab_size else logits
@@ -34,10 +35,13 @@ class _CausalDrafter:
     def reset(self, context: Sequence[int], hidden: torch.Tensor | None = None) -> None:
         self.lm.reset()
         self.pending = list(context)
+        self.root_fed = False
 
     def advance(self, tokens: Sequence[int], hidden: torch.Tensor | None = None) -> None:
-        # tokens[0] is the root, already in the cache since propose(); the rest is fed next pass.
-        self.pending = list(tokens[1:])
+        # tokens[0] is the root: in the cache if propose() ran this block (a block can skip drafting:
+        # budget 0, or no room left); everything not in the cache is fed at the front of the next pass.
+        self.pending = list(tokens[1:]) if self.root_fed else self.pending + list(tokens)
+        self.root_fed = False
 
     def _feed_root(self, root: int, extra: Sequence[int]):
         """One chain pass over pending + [root] + extra; commits pending + root. Returns the logits
@@ -47,6 +51,7 @@ class _CausalDrafter:
         n_commit = len(self.pending) + 1
         self.lm.commit(fwd.nodes[:n_commit])
         self.pending = []
+        self.root_fed = True
         return self._logits(fwd.logits[n_commit - 1:])
 
 
