@@ -359,9 +359,9 @@ def summarize_methods(methods: Sequence[Method], results: list[dict]) -> dict:
 
 
 def ceilings(out: dict, results: list[dict]) -> None:
-    """Each cure strategy's ceiling: the speedup over cure ar it would reach if drafting and every
-    non-model step were free, tau x (ar's time per token / this strategy's mean target verification
-    time per block, at the tree sizes it used); and the share of that ceiling it achieved."""
+    """Each cure strategy's ceiling (cure_core.metrics.ceiling_speedup: tau x ar's time per token /
+    its mean target verification time per block) and the share of that ceiling it achieved."""
+    from cure_core.metrics import ceiling_speedup
     ar = out.get(CURE_AR)
     ar_tpot = ar["decode_ms"] / ar["decode_tokens"] if ar and ar["decode_tokens"] else None
     for name, s in out.items():
@@ -370,7 +370,7 @@ def ceilings(out: dict, results: list[dict]) -> None:
         verify = sum(r["verify_ms"] for r in rows) / fwd if fwd else None
         s["verify_ms_per_block"] = verify
         s["mean_tree_size"] = (sum(r["mean_tree_size"] * r["target_forwards"] for r in rows) / fwd) if fwd else None
-        ceiling = s["tau"] * ar_tpot / verify if rows and ar_tpot and verify and s["tau"] else None
+        ceiling = ceiling_speedup(s["tau"] or 0.0, ar_tpot, verify) if rows and ar_tpot and verify else None
         achieved = s["tokens_per_s"] / ar["tokens_per_s"] if ceiling and ar["tokens_per_s"] and s["tokens_per_s"] else None
         s["ceiling_speedup"] = ceiling
         s["share_of_ceiling"] = achieved / ceiling if achieved else None

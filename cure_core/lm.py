@@ -172,7 +172,10 @@ class CachedLM:
                        output_hidden_states=bool(self.hidden_layers))
         if self.kv == "static":
             for layer in self.cache.layers:
-                layer.set_used(end)                          # dummies' rows are overwritten next time
+                if n_pad > n:
+                    layer.set_used(end)                      # drop the dummies' rows (overwritten next time)
+                else:
+                    layer.used = end                         # update() already advanced cumulative_length
         hidden = None
         if self.hidden_layers:
             hidden = torch.cat([out.hidden_states[i][0, :n] for i in self.hidden_layers], dim=-1)

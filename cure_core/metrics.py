@@ -59,6 +59,14 @@ def summarize(blocks: Sequence[Block]) -> GenerationStats:
     )
 
 
+def ceiling_speedup(tau: float, ar_ms_per_token: float, verify_ms_per_block: float) -> float | None:
+    """The speedup over ar a run would reach if drafting and every non-model step were free:
+    tau tokens per block, each block costing only its target verification."""
+    if tau > 0 and ar_ms_per_token > 0 and verify_ms_per_block > 0:
+        return tau * ar_ms_per_token / verify_ms_per_block
+    return None
+
+
 def per_position_acceptance(blocks: Sequence[Block], depth: int) -> list[float]:
     """Rate at which the winning path reached depth d (d = 1..depth), over blocks that drafted that deep."""
     rates = []

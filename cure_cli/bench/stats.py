@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from cure_core.metrics import common_prefix, per_position_acceptance, summarize
+from cure_core.metrics import ceiling_speedup, common_prefix, per_position_acceptance, summarize
 
 from .runner import PairResult, RunSpec
 
@@ -110,8 +110,7 @@ def compute(pairs: Sequence[PairResult], runs: Sequence[RunSpec], depth: int) ->
     for n in names:
         m = metrics[n]
         verify = m["time_ms"]["verify"] / m["blocks"] if m["blocks"] else 0.0
-        ceiling = (m["tau"] * metrics["ar"]["tpot_ms"] / verify
-                   if "ar" in metrics and keep and verify > 0 and metrics["ar"]["tpot_ms"] > 0 else None)
+        ceiling = ceiling_speedup(m["tau"], metrics["ar"]["tpot_ms"], verify) if "ar" in metrics and keep else None
         m["ceiling_speedup_vs_ar"] = ceiling
         m["share_of_ceiling"] = m["speedup_vs_ar"] / ceiling if ceiling and m["speedup_vs_ar"] else None
     lossless = {}
