@@ -6,7 +6,9 @@
     python benchmarks/peers.py --tiny            # in-process tiny random models: a fast smoke run
 
 Methods, all greedy (temperature 0), all on the SAME target model object and the same prompts
-(HumanEval, raw completion style, `--limit` of them):
+(HumanEval, raw completion style, `--limit` of them). `--kernels` (default auto: packed oneDNN
+matmuls on a float32 CPU, see cure_core/cpu_kernels.py) applies to those shared model objects, so
+transformers' loops run the same kernels as cure's; `--kernels eager` gives stock torch layers.
 
     hf_generate       transformers `model.generate()` greedy: the reference output
     hf_assisted       transformers assisted generation, `assistant_model=` the AR draft
@@ -151,7 +153,7 @@ def load_setup(args) -> Setup:
         tdir, ddir = save_tiny_pair(Path(tmp.name))
         # the perturbed copy serves as both the PARD block drafter and the AR draft model
         loaded = load_pair(str(tdir), str(ddir), drafter="pard", ar_draft=str(ddir), device=args.device,
-                           dtype=args.dtype)
+                           dtype=args.dtype, kernels=args.kernels)
         problems = [(tid, text) for tid, text in TINY_PROMPTS[: args.limit]]
         models = {"target": "tiny (in-process, random)", "draft": "tiny perturbed copy (PARD)",
                   "ar_draft": "tiny perturbed copy", "drafter": "pard"}
@@ -165,7 +167,7 @@ def load_setup(args) -> Setup:
         if args.draft and args.drafter == "ar" and args.ar_draft is None:
             ar_draft = None               # load_pair makes the --draft model the AR draft as well
         loaded = load_pair(args.target, args.draft, drafter=args.drafter, ar_draft=ar_draft, device=args.device,
-                           dtype=args.dtype)
+                           dtype=args.dtype, kernels=args.kernels)
         problems = [(p.task_id, p.prompt) for p in load_humaneval(args.limit)]
         models = {"target": args.target, "draft": args.draft, "ar_draft": ar_draft or
                   (args.draft if args.drafter == "ar" else None), "drafter": loaded.drafter_kind or args.drafter}
@@ -176,6 +178,7 @@ def load_setup(args) -> Setup:
         if block:
             notes.append(f"no block drafter given: {'/'.join(block)} draft with the AR draft model "
                          f"(--drafter {args.drafter})")
+    models["kernels"] = loaded.kernels              # every method runs these same model objects
     tok = loaded.tokenizer
     prompts = [(tid, encode_prompt(tok, text, chat=False)) for tid, text in problems]
     return Setup(pair=pair, tokenizer=tok, prompts=prompts, models=models, notes=notes, tmpdir=tmp)
@@ -433,6 +436,8 @@ def parse_args(argv: Sequence[str] | None):
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--kernels", default="auto", choices=("auto", "packed", "eager"),
+                    help="CPU float32 matmuls for every model, HF methods included (cure_core/cpu_kernels.py)")
     ap.add_argument("--tiny", action="store_true", help="in-process tiny random models (fast smoke run)")
     ap.add_argument("--json", default=None, metavar="OUT.json")
     ap.add_argument("--quiet", action="store_true", help="no per-generation progress lines")

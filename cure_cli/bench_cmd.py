@@ -27,8 +27,8 @@ from .bench import report, stats
 from .bench.runner import (BenchPrompt, PairResult, ProgressLog, build_runs, interleave, parse_list,
                            run_interleaved, warm_up)
 from .bench.scoring import REFUSAL, Scorer, needs_exec, summarize_scores
-from .common import (LoggedProgress, BMax, Compile, KVCache, DType, Device, DeviceMap, Draft, DrafterKind, K, MaskTokenId, MaxNew, Seed, Target,
-                     TauMargin, Temperature, VMax, decode_config, drafter_block_size, err_console, fail, friendly_errors,
+from .common import (LoggedProgress, BMax, Compile, KVCache, Kernels, DType, Device, DeviceMap, Draft, DrafterKind, K, MaskTokenId, MaxNew, Seed, Target,
+                     TauMargin, Temperature, VMax, decode_config, drafter_block_size, err_console, fail, friendly_errors, load_kernels,
                      quiet_transformers)
 from .defaults import AR_DRAFT_FOR, default_models
 
@@ -109,6 +109,7 @@ def bench(
     v_max: VMax = 64,
     kv_cache: KVCache = "static",
     compile: Compile = False,
+    kernels: Kernels = "auto",
     device: Device = "cpu",
     dtype: DType = "float32",
     device_map: DeviceMap = None,
@@ -168,15 +169,16 @@ def bench(
     ar_name = (ar_draft or AR_DRAFT_FOR.get(target)) if want_sd else None
     ar_given = ar_draft is not None
     ar_arg = None if ar_name == draft else ar_name
+    kernels = load_kernels(kernels, compile)
     try:
         loaded = load_pair(target, draft, drafter=drafter, mask_token_id=mask_token_id, ar_draft=ar_arg,
-                           device=device, dtype=dtype, device_map=device_map)
+                           device=device, dtype=dtype, device_map=device_map, kernels=kernels)
     except ModelLoadError as e:
         if ar_arg is None or ar_given:
             raise
         # the default AR draft is not installed: run everything else
         loaded = load_pair(target, draft, drafter=drafter, mask_token_id=mask_token_id, device=device,
-                           dtype=dtype, device_map=device_map)
+                           dtype=dtype, device_map=device_map, kernels=kernels)
         notes.append(f"default AR draft {ar_name!r} unavailable ({e}); 'sd' skipped")
         ar_name = None
     pair = loaded.pair
@@ -187,8 +189,9 @@ def bench(
     if want_sd and pair.ar_drafter is None and ar_name is not None and ar_name == draft:
         # the same checkpoint as the block drafter, which loaded as PARD: load it again as an AR draft
         from cure_core.drafters.causal import ArDrafter
-        from cure_core.models import load_model
+        from cure_core.models import apply_kernels, load_model
         model, _ = load_model(ar_name, device if not device_map else str(next(pair.target.parameters()).device), dtype)
+        apply_kernels(loaded.kernels, [model])          # the same kernels as the rest of the pair
         pair.ar_drafter = ArDrafter(model, vocab_size=len(loaded.tokenizer))
     if pair.ar_drafter is not None and want_sd:
         pair.names.setdefault("ar_draft", ar_name or draft)

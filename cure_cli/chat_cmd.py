@@ -7,8 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from .common import (BMax, Compile, KVCache, DType, Device, DeviceMap, Draft, DrafterKind, K, MaskTokenId, MaxNew, Seed, Strategy,
-                     Target, TauMargin, Temperature, VMax, decode_config, drafter_block_size, err_console, fail, friendly_errors,
+from .common import (BMax, Compile, KVCache, Kernels, DType, Device, DeviceMap, Draft, DrafterKind, K, MaskTokenId, MaxNew, Seed, Strategy,
+                     Target, TauMargin, Temperature, VMax, decode_config, drafter_block_size, err_console, fail, friendly_errors, load_kernels,
                      quiet_transformers)
 from .defaults import default_models
 
@@ -35,6 +35,7 @@ def chat(
     v_max: VMax = "auto",
     kv_cache: KVCache = "static",
     compile: Compile = False,
+    kernels: Kernels = "auto",
     device: Device = "cpu",
     dtype: DType = "float32",
     device_map: DeviceMap = None,
@@ -65,7 +66,8 @@ def chat(
         needs_terminal("chat")
         err_console.print(f"[dim]loading {target}{' + ' + draft if draft else ''}…[/]")
         loaded = load_pair(target, draft, drafter=drafter, mask_token_id=mask_token_id,
-                           device=device, dtype=dtype, device_map=device_map)
+                           device=device, dtype=dtype, device_map=device_map,
+                           kernels=load_kernels(kernels, compile))
         if k is None and (trained := drafter_block_size(loaded.pair)):
             cfg = cfg.with_(k=trained)                   # draft the block length the drafter was trained for
         engine = ModelEngine(loaded, chat=chat_template)   # a PARD drafter doubles as the `sd` chain drafter

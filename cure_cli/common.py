@@ -57,6 +57,7 @@ Device = Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:1, mps ..
 DType = Annotated[str, typer.Option("--dtype", help="float32 (lossless check), float16, bfloat16.")]
 KVCache = Annotated[str, typer.Option("--kv-cache", help="static: preallocated K/V rows compacted in place (fast) | dynamic: transformers' DynamicCache. Never changes the output.")]
 Compile = Annotated[bool, typer.Option("--compile", help="torch.compile the target forward over padded static shapes (CUDA graphs on a GPU). First blocks are slow while it compiles.")]
+Kernels = Annotated[str, typer.Option("--kernels", help="CPU float32 matmuls: packed = oneDNN packs every weight once at load, so verifying N nodes costs far less than N one-token steps | eager = torch's default | auto = packed where it applies (CPU, float32, not --compile). Never changes the output.")]
 DeviceMap = Annotated[Optional[str], typer.Option("--device-map", help="Passed to accelerate (e.g. auto) for targets larger than one device.")]
 
 
@@ -85,6 +86,15 @@ def decode_config(strategy: str, max_new_tokens: int, temperature: float, seed: 
     return DecodeConfig(strategy=strategy, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                         k=k, tau_margin=tau_margin, b_max=b_max, b_min=min(1, b_max), v_max=max(v, k - 1) if auto else v,
                         auto_budget=auto, top_k=max(8, b_max + 1), kv_cache=kv_cache, compile=compile)
+
+
+def load_kernels(kernels: str, compile: bool) -> str:
+    """--kernels for load_pair: torch.compile cannot trace packed layers (inductor packs on its own), so
+    --compile turns auto into eager and refuses packed."""
+    if compile and kernels == "packed":
+        raise ConfigError("--kernels packed does not combine with --compile (inductor packs weights itself); "
+                          "use --kernels auto or eager")
+    return "eager" if compile and kernels == "auto" else kernels
 
 
 def quiet_transformers() -> None:

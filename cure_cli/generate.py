@@ -11,8 +11,8 @@ import typer
 from cure_core.metrics import summarize
 from cure_core.trace import TraceWriter
 
-from .common import (BMax, Compile, KVCache, DType, Device, DeviceMap, Draft, DrafterKind, K, MaskTokenId, MaxNew, Seed, Strategy,
-                     Target, TauMargin, Temperature, VMax, decode_config, drafter_block_size, err_console, fail, friendly_errors,
+from .common import (BMax, Compile, KVCache, Kernels, DType, Device, DeviceMap, Draft, DrafterKind, K, MaskTokenId, MaxNew, Seed, Strategy,
+                     Target, TauMargin, Temperature, VMax, decode_config, drafter_block_size, err_console, fail, friendly_errors, load_kernels,
                      quiet_transformers)
 from .defaults import default_models
 
@@ -57,6 +57,7 @@ def generate(
     v_max: VMax = "auto",
     kv_cache: KVCache = "static",
     compile: Compile = False,
+    kernels: Kernels = "auto",
     device: Device = "cpu",
     dtype: DType = "float32",
     device_map: DeviceMap = None,
@@ -79,7 +80,7 @@ def generate(
         cfg = cfg.with_(strategy=strategy_note.strategy)
     loaded = load_pair(target, draft, drafter=drafter, mask_token_id=mask_token_id,
                        ar_draft=draft if cfg.strategy == "sd" else None, device=device, dtype=dtype,
-                       device_map=device_map)
+                       device_map=device_map, kernels=load_kernels(kernels, compile))
     if k is None and (trained := drafter_block_size(loaded.pair)):
         cfg = cfg.with_(k=trained)                       # draft the block length the drafter was trained for
     tok = loaded.tokenizer
@@ -116,6 +117,7 @@ def generate(
             "stats": {"tau": stats.tau, "tpot_ms": stats.tpot_ms, "tokens_per_s": stats.tokens_per_s,
                       "blocks": stats.blocks, "new_tokens": stats.new_tokens,
                       "repair_win_rate": stats.repair_win_rate, "mean_tree_size": stats.mean_tree_size},
+            "kernels": loaded.kernels,
         }))
         return
     sys.stdout.write(stream.flush() + "\n")

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from .block import Block
+from .cpu_kernels import PackedLinear
 from .lm import CachedLM
 
 SIZES = (0, 1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
@@ -56,7 +57,9 @@ def _model_key(model, ctx_len: int) -> str:
     p = next(model.parameters())
     name = getattr(model.config, "_name_or_path", "") or model.config.model_type
     n = sum(x.numel() for x in model.parameters())
-    return f"{name}|{n}|{p.device}|{p.dtype}|ctx{ctx_len}|torch{torch.__version__}|threads{torch.get_num_threads()}"
+    kernels = "packed" if any(isinstance(m, PackedLinear) for m in model.modules()) else "eager"
+    return (f"{name}|{n}|{p.device}|{p.dtype}|ctx{ctx_len}|torch{torch.__version__}|threads{torch.get_num_threads()}"
+            f"|{kernels}")
 
 
 def _cache_file() -> Path:

@@ -26,6 +26,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
 
 from .config import KV_LAYOUTS
+from .cpu_kernels import PackedLinear
 from .tree import extend_ancestors
 
 
@@ -98,6 +99,9 @@ class CachedLM:
         self.kv = kv
         self.static_shapes = static_shapes or compile   # compiled graphs want a few fixed shapes
         self.run = model
+        if compile and any(isinstance(m, PackedLinear) for m in model.modules()):
+            raise ValueError("--compile cannot trace packed CPU layers (inductor packs weights itself); "
+                             "load the model with --kernels eager")
         if compile:
             # On a GPU "reduce-overhead" replays CUDA graphs: one per padded size.
             mode = "reduce-overhead" if self.device.type == "cuda" else "default"

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 
+from .cpu_kernels import KERNELS, pack_linears, resolve_kernels
 from .drafters.causal import ArDrafter, PardDrafter
 from .drafters.dflash import is_dflash_config, load_dflash
 from .engine import ModelPair
@@ -21,6 +22,7 @@ class LoadedPair:
     pair: ModelPair
     tokenizer: object             # the target's tokenizer
     drafter_kind: str | None      # what --drafter auto resolved to
+    kernels: str = "eager"        # what --kernels auto resolved to: packed | eager (cpu_kernels.py)
 
 
 def resolve(name: str) -> str:
@@ -132,14 +134,19 @@ def _draft_folder_config(name: str) -> tuple[str, dict | None]:
 
 def load_pair(target: str, draft: str | None = None, *, drafter: str = "auto", mask_token_id: int | None = None,
               ar_draft: str | None = None, device: str = "cpu", dtype: str = "float32",
-              device_map: str | None = None) -> LoadedPair:
+              device_map: str | None = None, kernels: str = "auto") -> LoadedPair:
     if drafter not in DRAFTER_KINDS:
         raise ModelLoadError(f"unknown drafter kind {drafter!r}; choose one of {', '.join(DRAFTER_KINDS)}")
+    if kernels not in KERNELS:
+        raise ModelLoadError(f"unknown kernels {kernels!r}; choose one of {', '.join(KERNELS)}")
+    if kernels == "packed" and device_map:
+        raise ModelLoadError("--kernels packed does not combine with --device-map (accelerate's hooks)")
     tmodel, tpath = load_model(target, device, dtype, device_map)
     tok = load_tokenizer(tpath)
     vocab = len(tok)
     names = {"target": target}
     block_drafter, ar_drafter, kind = None, None, None
+    models = [tmodel]                                   # every network a decode runs (packed together)
     draft_device = device if not device_map else str(next(tmodel.parameters()).device)
     dfolder, dcfg = _draft_folder_config(draft) if draft else (None, None)
     if draft and dcfg is not None and is_dflash_config(dcfg) and drafter not in ("auto", "dflash"):
@@ -148,12 +155,14 @@ def load_pair(target: str, draft: str | None = None, *, drafter: str = "auto", m
         # A DFlash checkpoint is not a causal LM: its own layers, the target's embedding and lm_head.
         check_tokenizers_match(tok, load_tokenizer(dfolder, required=False), draft)
         block_drafter = load_dflash(dfolder, tmodel, vocab_size=vocab)
+        models.append(block_drafter.model)
         kind = "dflash"
         names["draft"] = draft
     elif draft:
         dmodel, dpath = load_model(draft, draft_device, dtype)
         check_tokenizers_match(tok, load_tokenizer(dpath, required=False), draft)
         kind, mask_token_id = detect_drafter(dmodel, drafter, mask_token_id)
+        models.append(dmodel)
         if kind == "pard":
             block_drafter = PardDrafter(dmodel, mask_token_id, vocab_size=vocab)
         else:
@@ -164,6 +173,8 @@ def load_pair(target: str, draft: str | None = None, *, drafter: str = "auto", m
         check_tokenizers_match(tok, load_tokenizer(apath, required=False), ar_draft)
         ar_drafter = ArDrafter(amodel, vocab_size=vocab)
         names["ar_draft"] = ar_draft
+        models.append(amodel)
+    packed = apply_kernels(kernels if not device_map else "eager", models)
     eos = set()
     for src in (getattr(tmodel, "generation_config", None), tmodel.config):
         e = getattr(src, "eos_token_id", None) if src is not None else None
@@ -172,7 +183,20 @@ def load_pair(target: str, draft: str | None = None, *, drafter: str = "auto", m
         eos.add(tok.eos_token_id)
     pair = ModelPair(target=tmodel, drafter=block_drafter, ar_drafter=ar_drafter, eos_ids=tuple(sorted(eos)),
                      names=names)
-    return LoadedPair(pair=pair, tokenizer=tok, drafter_kind=kind)
+    return LoadedPair(pair=pair, tokenizer=tok, drafter_kind=kind, kernels="packed" if packed else "eager")
+
+
+def apply_kernels(kernels: str, models: list) -> bool:
+    """Pack every model's linears (cpu_kernels.py) when `kernels` asks for it and all of them allow it;
+    returns whether they were packed. All or none: drafter and target run the same kind of kernels."""
+    try:
+        use = all(resolve_kernels(kernels, m) for m in models)
+    except ValueError as e:
+        raise ModelLoadError(str(e)) from None
+    if use:
+        for m in models:
+            pack_linears(m)
+    return use
 
 
 def encode_prompt(tokenizer, text: str, chat: bool, history: list[dict] | None = None) -> list[int]:

@@ -27,7 +27,7 @@ def test_json_output_is_one_object_and_lossless(tiny_dirs, tmp_path):
                 "--json", "--trace", tmp_path / f"{strategy}.jsonl")
         assert r.exit_code == 0, r.output
         obj = json.loads(r.stdout)
-        assert set(obj) == {"text", "token_ids", "strategy", "stats"}
+        assert set(obj) == {"text", "token_ids", "strategy", "stats", "kernels"}
         assert set(obj["stats"]) == {"tau", "tpot_ms", "tokens_per_s", "blocks", "new_tokens",
                                      "repair_win_rate", "mean_tree_size"}
         assert obj["stats"]["new_tokens"] == len(obj["token_ids"]) == 24

@@ -1,0 +1,133 @@
+"""Packed CPU kernels (cpu_kernels.py): same logits, same tokens, clear refusals."""
+import copy
+import json
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from cure_cli.main import app
+from cure_core.config import DecodeConfig
+from cure_core.cpu_kernels import PackedLinear, pack_linears, resolve_kernels
+from cure_core.engine import Engine, generate_ids
+from cure_core.lm import CachedLM
+from cure_core.models import load_pair
+from cure_core.tiny import save_tiny_pair, tiny_target
+
+from conftest import make_pair
+
+SPECULATIVE = ("sd", "parallel", "cure", "ddtree")
+
+
+def packed_copy(model):
+    m = copy.deepcopy(model)
+    assert pack_linears(m) == sum(isinstance(x, torch.nn.Linear) for x in model.modules())
+    return m
+
+
+@pytest.fixture(scope="module")
+def packed(target, drafts):
+    return {"target": packed_copy(target), "mild": packed_copy(drafts["mild"]), "strong": packed_copy(drafts["strong"])}
+
+
+def test_packed_model_gives_the_eager_logits_on_trees(target, packed):
+    """Prefill, then a tree forward through the cache: every node's logits match the eager model."""
+    gen = torch.Generator().manual_seed(0)
+    ctx = torch.randint(0, 256, (17,), generator=gen).tolist()
+    outs = []
+    for model in (target, packed["target"]):
+        lm = CachedLM(model)
+        lm.prefill(ctx)
+        outs.append(lm.forward([5, 6, 7, 8, 9, 10], [-1, 0, 1, 0, 3, -1]).logits)
+    assert torch.allclose(outs[0], outs[1], atol=1e-4)
+    assert not any(isinstance(m, torch.nn.Linear) for m in packed["target"].modules())
+    head = packed["target"].get_output_embeddings()
+    assert isinstance(head, PackedLinear) and head.weight is not None     # drafters read the head's weight
+    assert all(m.weight is None for m in packed["target"].modules() if isinstance(m, PackedLinear) and m is not head)
+
+
+@settings(max_examples=20, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(prompt=st.lists(st.integers(0, 255), min_size=1, max_size=24),
+       k=st.integers(2, 10), v_max_extra=st.integers(0, 30), auto=st.booleans(),
+       noise=st.sampled_from(["mild", "strong"]), kv=st.sampled_from(["static", "dynamic"]))
+def test_every_strategy_equals_ar_on_packed_models(packed, prompt, k, v_max_extra, auto, noise, kv):
+    """Packing changes kernels, never a token: on packed models every strategy equals packed ar."""
+    pair = make_pair(packed["target"], packed[noise])
+    base = DecodeConfig(strategy="ar", k=k, v_max=k - 1 + v_max_extra, auto_budget=auto, max_new_tokens=24,
+                        tau_margin=1.0, kv_cache=kv)
+    ref = generate_ids(pair, base.with_(kv_cache="dynamic"), prompt)
+    for strategy in SPECULATIVE:
+        assert generate_ids(pair, base.with_(strategy=strategy), prompt) == ref, strategy
+
+
+def test_packed_ar_equals_eager_ar(target, drafts, packed):
+    """The tiny target's logits are peaked, so packed and eager greedy decoding agree token for token."""
+    eager, fast = make_pair(target, drafts["mild"]), make_pair(packed["target"], packed["mild"])
+    cfg = DecodeConfig(strategy="ar", max_new_tokens=40)
+    for prompt in (list(b"def f(x):\n"), list(b"import os\n"), [1, 2, 3, 4]):
+        assert generate_ids(fast, cfg, prompt) == generate_ids(eager, cfg, prompt)
+
+
+def test_resolve_kernels_refuses_what_cannot_be_packed():
+    half = tiny_target(seed=0).half()
+    assert resolve_kernels("auto", half) is False             # auto: only where it applies
+    assert resolve_kernels("eager", tiny_target(seed=0)) is False
+    assert resolve_kernels("auto", tiny_target(seed=0)) is True
+    with pytest.raises(ValueError, match="float16, not float32"):
+        resolve_kernels("packed", half)
+    with pytest.raises(ValueError, match="unknown kernels"):
+        resolve_kernels("fast", half)
+
+
+def test_autograd_uses_the_kept_head_weight_and_refuses_dropped_ones(packed):
+    head = packed["target"].get_output_embeddings()
+    x = torch.randn(3, head.in_features, requires_grad=True)
+    head(x).sum().backward()                                   # a drafter trained through the target's head
+    assert x.grad is not None and torch.allclose(x.grad, head.weight.sum(0).expand(3, -1), atol=1e-5)
+    inner = next(m for m in packed["target"].modules() if isinstance(m, PackedLinear) and m is not head)
+    with pytest.raises(RuntimeError, match="packed for inference"):
+        inner(torch.randn(2, inner.in_features, requires_grad=True))
+
+
+def test_compile_refuses_packed_layers(packed):
+    with pytest.raises(ValueError, match="--kernels eager"):
+        CachedLM(packed["target"], kv="static", compile=True)
+
+
+@pytest.fixture(scope="module")
+def tiny_dirs(tmp_path_factory):
+    return save_tiny_pair(tmp_path_factory.mktemp("kernels"))
+
+
+def test_load_pair_packs_target_and_drafter_together(tiny_dirs):
+    t, d = tiny_dirs
+    loaded = load_pair(str(t), str(d))
+    assert loaded.kernels == "packed"
+    for model in (loaded.pair.target, loaded.pair.drafter.lm.model):
+        assert any(isinstance(m, PackedLinear) for m in model.modules())
+    eager = load_pair(str(t), str(d), kernels="eager")
+    assert eager.kernels == "eager"
+    assert not any(isinstance(m, PackedLinear) for m in eager.pair.target.modules())
+    half = load_pair(str(t), str(d), dtype="float16")           # auto leaves what it cannot pack alone
+    assert half.kernels == "eager"
+
+
+def test_cli_kernels_flag_reports_and_refuses(tiny_dirs):
+    t, d = tiny_dirs
+    runner = CliRunner()
+    outs = {}
+    for kernels in ("packed", "eager"):
+        res = runner.invoke(app, ["generate", "abc", "-t", str(t), "-d", str(d), "-n", "12", "--raw", "--json",
+                                  "--kernels", kernels, "--strategy", "cure", "--k", "4", "--v-max", "8"])
+        assert res.exit_code == 0, res.output
+        obj = json.loads(res.stdout)
+        assert obj["kernels"] == kernels
+        outs[kernels] = obj["token_ids"]
+    assert outs["packed"] == outs["eager"]
+    res = runner.invoke(app, ["generate", "abc", "-t", str(t), "-n", "4", "--kernels", "packed", "--compile"])
+    assert res.exit_code == 2 and "does not combine with --compile" in res.output
+    res = runner.invoke(app, ["generate", "abc", "-t", str(t), "-n", "4", "--kernels", "packed", "--dtype", "float16"])
+    assert res.exit_code == 2 and "not float32" in res.output
