@@ -9,11 +9,13 @@ the machine (steep on a CPU, nearly flat on a GPU up to dozens of tokens). So th
      order (branch 0, then repairs; best-first for ddtree), and a budget V keeps exactly the first
      V, so a block verified with a tree of T nodes tells a(V) = accepted nodes with index < V for
      every V <= T (and for every V when the tree was not cut by its budget).
-The first blocks use the ceiling; then every `explore_every`-th block tries the next budget up, so
-the estimates just above the chosen one stay fresh without paying for the largest trees.
+The first blocks use the ceiling; then an exploration block now and then tries the next budget up,
+so the estimates just above the chosen one stay fresh without paying for the largest trees. The
+exploration interval starts at `explore_every` blocks and doubles (up to `explore_max`) while the
+best budget does not move, so a settled choice costs almost nothing to keep checking.
 Budget 0 is a candidate too: no draft, a plain ar step (no drafting cost). Where no tree pays, e.g.
 a CPU that verifies 2 tokens in twice the time of 1, the tuner settles there and cure runs at ar's
-speed plus the warm-up and exploration blocks, instead of below it.
+speed plus the warm-up and the (ever rarer) exploration blocks, instead of below it.
 """
 from __future__ import annotations
 
@@ -140,12 +142,17 @@ class BudgetTuner:
     """Online choice of the tree budget V from the cost curve and the acceptance seen so far."""
 
     def __init__(self, curve: CostCurve, candidates: list[int], window: int = 64, explore_every: int = 8,
-                 warmup: int = 2):
+                 warmup: int = 2, explore_max: int = 64):
         self.curve = curve
         self.candidates = sorted(set(candidates))
         self.ceiling = self.candidates[-1]
         self.window = window
-        self.explore_every = explore_every
+        self.explore_every = explore_every                   # blocks between explorations, at first...
+        self.explore_max = explore_max                       # ...doubling up to this while the best stays put
+        self.interval = explore_every
+        self.next_explore = warmup + explore_every           # block number of the next exploration
+        self.settled: int | None = None                      # the best budget at the last exploration
+        self.probe: tuple[int, float | None] | None = None   # (budget, expected a(V)) of a pending exploration
         self.warmup = warmup                                 # first blocks verified at the ceiling
         self.history: list[tuple[list[int], int, bool]] = []   # (accepted node indices, tree size, cut)
         self.overhead_ms: list[float] = []                   # C_d: draft + tree + commit per block
@@ -189,9 +196,18 @@ class BudgetTuner:
         else:
             rated = [(r, v) for v in self.candidates if (r := self.rate(v)) is not None]
             choice = max(rated, key=lambda rv: (rv[0], -rv[1]))[1] if rated else self.ceiling
-            if self.blocks % self.explore_every == 0:      # explore one step up: keeps a(V) fresh above the best
-                bigger = [v for v in self.candidates if v > choice]
-                choice = bigger[0] if bigger else choice
+            bigger = [v for v in self.candidates if v > choice]
+            if self.blocks >= self.next_explore and bigger:
+                # Rule: explore one step above the best, so a(V) stays fresh there. The interval doubles
+                # (up to explore_max) while the best has not moved since the last exploration, and falls
+                # back to explore_every when it moves: settled at budget 0 on a CPU, exploring V=1 every
+                # 8th block would cost several percent for good.
+                same = choice == self.settled
+                self.interval = min(2 * self.interval, self.explore_max) if same else self.explore_every
+                self.settled = choice
+                self.next_explore = self.blocks + self.interval
+                choice = bigger[0]
+                self.probe = (choice, self.expected_accept(choice))
         self.last_choice = choice
         self.last_prediction = self.predicted_speedup(choice)
         return choice
@@ -208,6 +224,14 @@ class BudgetTuner:
         expected = self.curve.verify(block.tree_size)
         if expected > 0 and t.verify_ms > 0:
             self.verify_scale.append(t.verify_ms / expected)
+        if self.probe is not None:
+            v, expect = self.probe
+            self.probe = None
+            # Rule: an exploration that beats its estimate brings the interval back to explore_every (the
+            # drafts may have got better: look again soon instead of 64 blocks later).
+            if expect is None or sum(1 for i in block.accepted if i < v) > expect:
+                self.interval = self.explore_every
+                self.next_explore = min(self.next_explore, self.blocks + self.explore_every)
         self.history.append((list(block.accepted), block.tree_size, block.tree_size >= budget))
         if len(self.history) > 4 * self.window:
             del self.history[: -self.window]

@@ -246,3 +246,37 @@ def test_blocks_without_a_draft_keep_the_drafter_in_sync(target, strategy, monke
             assert len(b.accepted) == len(b.draft), b.index
         else:
             assert len(b.accepted) >= 1, b.index
+
+
+def test_budget_tuner_explores_ever_more_rarely_while_the_best_stays_put():
+    """Settled at budget 0 (weak drafts, steep curve): exploration blocks get rarer (8, 8, 16, 32, 64
+    blocks apart, then 64). When the drafts become good, an exploration that beats its estimate brings
+    exploration back to every 8th block and the tuner leaves 0 within a few explorations."""
+    from cure_core.block import Block, Resync, Timings, TreeNode
+    from cure_core.budget import BudgetTuner, CostCurve
+
+    def block(accepted, size):
+        nodes = tuple(TreeNode(token=i, parent=-1, depth=1, branch=0, accepted=i in accepted) for i in range(size))
+        return Block(index=0, strategy="cure", context_len=0, root=0, draft=(), margins=(), ufps=(), nodes=nodes,
+                     accepted=tuple(accepted), winner=0, branch0_accepted=0, bonus=0, emitted=(),
+                     resync=Resync("none", ()), timings=Timings(draft_ms=20.0), stop=None)
+    curve = CostCurve((0, 1, 7, 16), (100.0, 130.0, 180.0, 260.0))
+    t = BudgetTuner(curve, [0, 1, 4, 7, 16])
+    explored = []
+    for i in range(200):
+        v = t.choose()
+        if i >= t.warmup and v > 0:
+            explored.append(i)
+        t.observe(block([], min(v, 16)), v)                # nothing is ever accepted
+    gaps = [b - a for a, b in zip(explored, explored[1:])]
+    assert explored[0] == t.warmup + t.explore_every - 1
+    assert gaps[:5] == [8, 16, 32, 64, 64]
+    assert len(explored) <= 6                              # every 8th block would be 24
+    choices = []
+    for _ in range(150):                                   # the drafts suddenly become perfect
+        v = t.choose()
+        choices.append(v)
+        t.observe(block(list(range(min(v, 16))), min(v, 16)), v)
+    first = next(i for i, v in enumerate(choices) if v > 0)
+    assert first <= 64                                     # the next scheduled exploration at the latest
+    assert all(v > 0 for v in choices[first + 40:])        # ...and a few explorations later trees win
