@@ -11,6 +11,7 @@ Two cache layouts (the output is the same; only speed differs):
   and compaction gathers a new tensor.
 - "static": K/V rows preallocated once per capacity ([B, H, capacity, D] per layer, reused across
   generations); forwards write their rows in place and compaction moves the kept rows down in place.
+  Past its capacity it doubles (rows copied once), except with static shapes, where it refuses.
   With `static_shapes`, every forward also has a fixed shape: the node count is padded up to one of
   PAD_SIZES with dummy nodes and attention always spans the whole capacity, so `torch.compile`
   (CUDA graphs on a GPU) sees a handful of shapes instead of one per tree size.
@@ -155,8 +156,10 @@ class CachedLM:
         n_pad = padded_size(n) if self.static_shapes else n
         width = self.capacity if self.static_shapes else end
         if self.kv == "static" and self.committed + s_old + n_pad > self.capacity:
-            raise RuntimeError(f"KV cache capacity {self.capacity} exceeded "
-                               f"({self.committed} committed + {s_old + n_pad} scratch rows)")
+            if self.static_shapes:                           # compiled graphs hold the buffers' addresses
+                raise RuntimeError(f"KV cache capacity {self.capacity} exceeded "
+                                   f"({self.committed} committed + {s_old + n_pad} scratch rows)")
+            self._grow(self.committed + s_old + n_pad)
         # Mask: [1, 1, N_pad, width]; every new node sees the committed prefix and exactly its own
         # scratch ancestors (itself included).
         mask = torch.zeros((n_pad, width), dtype=torch.bool)
@@ -233,6 +236,20 @@ class CachedLM:
     def rollback(self) -> None:
         """Drop every scratch node."""
         self.commit([])
+
+    def _grow(self, rows: int) -> None:
+        """Static rows without static shapes (drafters; a target whose caller sized it too small):
+        reallocate to max(rows, 2 x capacity) and copy the rows in use, so growth costs O(1) per row."""
+        cap = max(rows, 2 * self.capacity)
+        old = self.cache
+        self.cache = Cache(layers=[RowLayer(cap, full=False) for _ in old.layers])
+        for o, n in zip(old.layers, self.cache.layers):
+            if o.is_initialized:
+                n.lazy_initialization(o.keys, o.values)
+                n.keys[:, :, :o.used] = o.keys[:, :, :o.used]
+                n.values[:, :, :o.used] = o.values[:, :, :o.used]
+            n.set_used(o.used)
+        self.capacity = cap
 
     def _crop(self, length: int) -> None:
         if self.kv == "static":

@@ -73,11 +73,25 @@ def test_static_cache_matches_dynamic_over_many_blocks(target, layout):
         assert dyn.committed == sta.committed
 
 
-def test_static_cache_refuses_to_overflow(target):
-    lm = CachedLM(target, kv="static", capacity=8)
+def test_static_cache_grows_but_static_shapes_refuse_to_overflow(target):
+    """Plain static rows double when full (the drafters' caches); compiled static shapes cannot move
+    their buffers, so they refuse. The grown cache still gives the fresh forward's logits."""
+    lm = CachedLM(target, kv="static", capacity=8, static_shapes=True)
     lm.prefill([1, 2, 3, 4, 5])
     with pytest.raises(RuntimeError, match="capacity"):
         lm.forward([1, 2, 3, 4], [-1, 0, 1, 2])
+    lm = CachedLM(target, kv="static", capacity=8)
+    ctx = list(range(1, 30))
+    lm.prefill(ctx[:6])
+    lm.forward([7, 9, 8], [-1, 0, 0])
+    lm.commit([0])                                            # keep 7 (scratch rows then grow past 8)
+    for t in ctx[7:]:
+        lm.prefill([t])
+    assert lm.capacity >= 29 and lm.committed == 29
+    nxt = lm.forward([42], [-1]).logits[0]
+    with torch.no_grad():
+        fresh = target(torch.tensor([ctx + [42]])).logits[0, -1]
+    assert torch.allclose(nxt, fresh, atol=1e-5)
 
 
 def test_padded_sizes():

@@ -228,6 +228,24 @@ def test_context_rows_are_causal_and_the_cache_is_context_only(drafter, dtarget)
     assert not torch.allclose(out1, drafter.forward_blocks([[1, MASK_ID, MASK_ID]])[0])
 
 
+def test_lazy_context_rows_grow_past_their_buffer_and_equal_a_fresh_reset(drafter, dtarget):
+    """advance() only queues rows (budget-0 blocks draft nothing); the next draft projects them in one
+    pass, growing the preallocated rows past 256. Drafts then equal those of a fresh reset."""
+    gen = torch.Generator().manual_seed(5)
+    seq = torch.randint(0, 256, (300,), generator=gen).tolist()
+    feats = target_features(dtarget, seq, drafter.target_layer_ids)
+    drafter.reset(seq[:40], feats[:40])
+    drafter.forward_blocks([[seq[40], MASK_ID, MASK_ID]])
+    for a in range(40, 299):                                  # one root per block, nothing drafted
+        drafter.advance(seq[a:a + 1], feats[a:a + 1])
+    assert drafter.context_len == 299 and drafter._len == 40  # still pending
+    lazy = drafter.forward_blocks([[seq[299], MASK_ID, MASK_ID]])[0]
+    assert drafter._len == 299 and drafter._rows[0][0].shape[1] >= 299
+    drafter.reset(seq[:299], feats[:299])
+    fresh = drafter.forward_blocks([[seq[299], MASK_ID, MASK_ID]])[0]
+    torch.testing.assert_close(lazy, fresh, atol=1e-4, rtol=1e-4)
+
+
 def test_cache_after_advance_equals_recompute_from_scratch(drafter, dtarget):
     seq = list(b"while True: pass  # loop")
     feats = target_features(dtarget, seq, drafter.target_layer_ids)

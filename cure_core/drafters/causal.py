@@ -23,7 +23,7 @@ class _CausalDrafter:
     target_layers: tuple[int, ...] = ()
 
     def __init__(self, model, vocab_size: int | None = None):
-        self.lm = CachedLM(model)
+        self.lm = CachedLM(model, kv="static", capacity=256)   # rows reused across blocks, grows by doubling
         # Draft logits beyond the target's vocabulary (padding rows, mask tokens) are never proposed.
         self.vocab_size = vocab_size
         self.pending: list[int] = []

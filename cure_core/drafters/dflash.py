@@ -208,39 +208,66 @@ class DFlashDrafter:
 
     @property
     def context_len(self) -> int:
-        """T: positions 0..T-1 hold context rows; the next block's anchor sits at T."""
-        return self._len
+        """T: positions 0..T-1 hold context rows (pending ones included); the next anchor sits at T."""
+        return self._len + sum(h.shape[0] for h in self._pending)
+
+    @property
+    def ctx_kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer the context K, V [n_kv, T, D]: views of the preallocated rows (pending rows projected first)."""
+        self._flush()
+        return [(k[:, :self._len], v[:, :self._len]) for k, v in self._rows]
 
     def reset(self, context: Sequence[int], hidden: torch.Tensor | None) -> None:
         cfg = self.model.config
         n_kv = cfg.num_key_value_heads
         d = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        empty = torch.zeros((n_kv, 0, d), device=self.device, dtype=self.dtype)
-        self.ctx_kv: list[tuple[torch.Tensor, torch.Tensor]] = [(empty, empty) for _ in self.model.layers]
+        if not hasattr(self, "_rows"):                      # kept across generations, grown by doubling
+            self._rows = [(torch.zeros((n_kv, 256, d), device=self.device, dtype=self.dtype),
+                           torch.zeros((n_kv, 256, d), device=self.device, dtype=self.dtype))
+                          for _ in self.model.layers]
         self._len = 0
+        self._pending: list[torch.Tensor] = []
         if len(context):
-            self._append(hidden, len(context))
+            self.advance(context, hidden)
 
     def advance(self, tokens: Sequence[int], hidden: torch.Tensor | None) -> None:
-        """tokens = [anchor] + accepted path; their target features join the context."""
-        if len(tokens):
-            self._append(hidden, len(tokens))
-
-    @torch.inference_mode()
-    def _append(self, hidden: torch.Tensor | None, n: int) -> None:
+        """tokens = [anchor] + accepted path; their target features join the context. Lazily: rows are
+        checked here and projected at the next draft, in one pass however many blocks skipped drafting
+        (budget 0 verifies the root alone, block after block)."""
+        if not len(tokens):
+            return
         if hidden is None:
             raise ValueError("the DFlash drafter needs the target's hidden states (target_layers) for every "
                              "committed token")
-        if hidden.shape[0] != n:
-            raise ValueError(f"got {hidden.shape[0]} hidden rows for {n} tokens")
+        if hidden.shape[0] != len(tokens):
+            raise ValueError(f"got {hidden.shape[0]} hidden rows for {len(tokens)} tokens")
         if hidden.shape[-1] != self.model.fc.in_features:
             raise ValueError(f"hidden rows have width {hidden.shape[-1]}; the drafter's fc expects "
                              f"{self.model.fc.in_features} ({len(self.target_layer_ids)} target layers)")
-        pos = torch.arange(self._len, self._len + n, device=self.device)
-        new = self.model.context_kv(hidden.to(self.device, self.dtype), pos)
-        self.ctx_kv = [(torch.cat([k0, k1], dim=1), torch.cat([v0, v1], dim=1))
-                       for (k0, v0), (k1, v1) in zip(self.ctx_kv, new)]
-        self._len += n
+        self._pending.append(hidden)
+
+    @torch.inference_mode()
+    def _flush(self) -> None:
+        """Project the pending hidden rows into context K/V rows, written in place after the first T."""
+        if not self._pending:
+            return
+        hidden = torch.cat(self._pending).to(self.device, self.dtype)     # [n, n_ids*H_t]
+        self._pending = []
+        n = hidden.shape[0]
+        end = self._len + n
+        if end > self._rows[0][0].shape[1]:
+            cap = max(end, 2 * self._rows[0][0].shape[1])
+            grown = []
+            for k, v in self._rows:
+                k2, v2 = k.new_zeros((k.shape[0], cap, k.shape[2])), v.new_zeros((v.shape[0], cap, v.shape[2]))
+                k2[:, :self._len], v2[:, :self._len] = k[:, :self._len], v[:, :self._len]
+                grown.append((k2, v2))
+            self._rows = grown
+        pos = torch.arange(self._len, end, device=self.device)
+        for (k, v), (k1, v1) in zip(self._rows, self.model.context_kv(hidden, pos)):
+            k[:, self._len:end] = k1
+            v[:, self._len:end] = v1
+        self._len = end
 
     # ---- blocks ----
 
@@ -262,6 +289,7 @@ class DFlashDrafter:
         position T) in ONE pass. Each row sees the whole context and its own block (bidirectional).
         Returns per block the [len(block), V] float32 logits of every row (row 0's is unused by
         DFlash: row i >= 1 predicts the token at block position i)."""
+        ctx_kv = self.ctx_kv                                    # projects rows advance() left pending
         toks, pos, seg = [], [], []
         for j, b in enumerate(blocks):
             toks.extend(int(t) for t in b)
@@ -276,7 +304,7 @@ class DFlashDrafter:
             mask = torch.cat([torch.ones((len(toks), self._len), dtype=torch.bool, device=self.device),
                               seg_t[:, None] == seg_t[None, :]], dim=1)  # [N, T + N] block-diagonal
         embeds = self.embed(ids).to(self.dtype) * self.input_embedding_scale
-        hidden = self.model(embeds, torch.tensor(pos, device=self.device), self.ctx_kv, mask)
+        hidden = self.model(embeds, torch.tensor(pos, device=self.device), ctx_kv, mask)
         logits = self._logits(hidden.to(self.lm_head.weight.dtype))
         return list(logits.split([len(b) for b in blocks]))
 

@@ -1,0 +1,113 @@
+"""CPU verification cost curve, eager vs packed kernels, side by side in one process.
+
+    python benchmarks/cpu_kernels.py --target qwen-coder-0.5b --threads 2 --out benchmarks/results/cpu_kernels_qwen05b.json
+    python benchmarks/cpu_kernels.py --tiny                          # smoke run (the test does this)
+
+For each node count N in --sizes: one target forward over [root + (N-1) chain nodes] on a
+--ctx-token context through cure's CachedLM, the eager model and a packed copy (cure_core/
+cpu_kernels.py) timed in alternation, --reps times each; the median is reported, in ms and as a
+ratio to the same model's one-token step. The ratio is what decides whether a tree can pay:
+verifying a tree of N nodes must cost less than the tokens it is expected to accept.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import torch  # noqa: E402
+
+from cure_core.cpu_kernels import pack_linears, unavailable_reason  # noqa: E402
+from cure_core.lm import CachedLM  # noqa: E402
+
+
+def forward_ms(lm: CachedLM, ctx: list[int], n: int, gen: torch.Generator) -> float:
+    """One forward over a root + (n-1)-node chain after the committed context, then rolled back."""
+    vocab = int(lm.config.vocab_size)
+    toks = torch.randint(0, vocab, (n,), generator=gen).tolist()
+    t0 = time.perf_counter()
+    fwd = lm.forward(toks, [-1] + list(range(n - 1)))
+    fwd.logits.argmax(-1).tolist()                     # acceptance reads the argmax back
+    ms = (time.perf_counter() - t0) * 1e3
+    lm.rollback()
+    return ms
+
+
+def measure(models: dict, sizes: list[int], ctx_len: int, reps: int) -> dict:
+    gen = torch.Generator().manual_seed(0)
+    vocab = int(next(iter(models.values())).config.vocab_size)
+    ctx = torch.randint(0, vocab, (ctx_len,), generator=gen).tolist()
+    lms = {name: CachedLM(m, kv="static", capacity=ctx_len + max(sizes) + 8) for name, m in models.items()}
+    for lm in lms.values():
+        lm.prefill(ctx)
+        forward_ms(lm, ctx, max(sizes), gen)            # warm-up
+    times = {name: {n: [] for n in sizes} for name in lms}
+    for _ in range(reps):
+        for n in sizes:
+            for name, lm in lms.items():                # alternate, so drift hits both alike
+                times[name][n].append(forward_ms(lm, ctx, n, gen))
+    out = {}
+    for name in lms:
+        med = {n: statistics.median(times[name][n]) for n in sizes}
+        out[name] = {"ms": {str(n): round(med[n], 2) for n in sizes},
+                     "x_one_token": {str(n): round(med[n] / med[sizes[0]], 3) for n in sizes}}
+    return out
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", default="qwen-coder-0.5b", help="model alias, folder or HF id (float32)")
+    ap.add_argument("--tiny", action="store_true", help="a tiny random model built in-process")
+    ap.add_argument("--sizes", default="1,2,4,8,16,32", help="node counts (root included); the first is the base")
+    ap.add_argument("--ctx", type=int, default=256, help="context tokens before the tree")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    ap.add_argument("--out", type=Path, default=None, help="write the JSON here")
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    sizes = sorted({int(s) for s in args.sizes.split(",")})
+    if args.tiny:
+        from cure_core.tiny import tiny_target
+        eager, name = tiny_target(seed=0), "tiny"
+    else:
+        from cure_core.models import load_model
+        eager, _ = load_model(args.target)
+        name = args.target
+    why = unavailable_reason(eager)
+    if why:
+        raise SystemExit(f"cannot pack {name}: {why}")
+    packed = copy.deepcopy(eager)
+    pack_linears(packed)
+    result = {
+        "schema": "cure.cpu_kernels/1", "target": name, "ctx": args.ctx, "reps": args.reps, "sizes": sizes,
+        "environment": {"torch": torch.__version__, "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
+                        "platform": platform.platform(), "processor": platform.processor(),
+                        "load_average_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None},
+        "curves": measure({"eager": eager, "packed": packed}, sizes, args.ctx, args.reps),
+    }
+    c = result["curves"]
+    result["packed_speedup"] = {str(n): round(c["eager"]["ms"][str(n)] / c["packed"]["ms"][str(n)], 3) for n in sizes}
+    print(f"{'nodes':>6} {'eager ms':>10} {'x1':>6} {'packed ms':>10} {'x1':>6} {'eager/packed':>13}")
+    for n in sizes:
+        k = str(n)
+        print(f"{n:>6} {c['eager']['ms'][k]:>10.1f} {c['eager']['x_one_token'][k]:>6.2f} "
+              f"{c['packed']['ms'][k]:>10.1f} {c['packed']['x_one_token'][k]:>6.2f} {result['packed_speedup'][k]:>12.2f}x")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = args.out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(result, indent=1))
+        os.replace(tmp, args.out)
+    return result
+
+
+if __name__ == "__main__":
+    main()
