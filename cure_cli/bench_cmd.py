@@ -106,7 +106,7 @@ def bench(
     k: K = None,
     tau_margin: TauMargin = 1.0,
     b_max: BMax = 5,
-    v_max: VMax = 64,
+    v_max: VMax = "auto",
     kv_cache: KVCache = "static",
     compile: Compile = False,
     kernels: Kernels = "auto",
