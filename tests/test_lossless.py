@@ -16,6 +16,15 @@ def run(pair, cfg, prompt):
     return [t for b in blocks for t in b.emitted], blocks
 
 
+def tuner_block(accepted, size, draft_ms):
+    """A verified block for the budget tuner: `size` depth-1 nodes, `accepted` of them accepted."""
+    from cure_core.block import Block, Resync, Timings, TreeNode
+    nodes = tuple(TreeNode(token=i, parent=-1, depth=1, branch=0, accepted=i in accepted) for i in range(size))
+    return Block(index=0, strategy="cure", context_len=0, root=0, draft=(), margins=(), ufps=(), nodes=nodes,
+                 accepted=tuple(accepted), winner=0, branch0_accepted=0, bonus=0, emitted=(),
+                 resync=Resync("none", ()), timings=Timings(draft_ms=draft_ms), stop=None)
+
+
 @st.composite
 def configs(draw):
     k = draw(st.integers(2, 12))
@@ -131,14 +140,10 @@ def test_auto_budget_learns_a_budget_and_predicts_speedup(pair):
 
 
 def test_budget_tuner_prefers_small_trees_when_verification_is_steep():
-    from cure_core.block import Block, Resync, Timings, TreeNode
     from cure_core.budget import BudgetTuner, CostCurve
 
     def block(accepted, size):
-        nodes = tuple(TreeNode(token=i, parent=-1, depth=1, branch=0, accepted=i in accepted) for i in range(size))
-        return Block(index=0, strategy="cure", context_len=0, root=0, draft=(), margins=(), ufps=(), nodes=nodes,
-                     accepted=tuple(accepted), winner=0, branch0_accepted=0, bonus=0, emitted=(),
-                     resync=Resync("none", ()), timings=Timings(draft_ms=1.0), stop=None)
+        return tuner_block(accepted, size, draft_ms=1.0)
     # acceptance comes from the first 3 nodes only; bigger trees add nothing
     steep = CostCurve((0, 15, 64), (10.0, 30.0, 200.0))
     flat = CostCurve((0, 15, 64), (10.0, 10.5, 11.0))
@@ -158,13 +163,9 @@ def test_budget_tuner_prefers_small_trees_when_verification_is_steep():
 
 
 def test_budget_tuner_costs_the_tree_a_budget_would_really_hold():
-    from cure_core.block import Block, Resync, Timings, TreeNode
     from cure_core.budget import BudgetTuner, CostCurve
 
-    nodes = tuple(TreeNode(token=i, parent=-1, depth=1, branch=0, accepted=False) for i in range(20))
-    b = Block(index=0, strategy="cure", context_len=0, root=0, draft=(), margins=(), ufps=(), nodes=nodes,
-              accepted=(0, 1), winner=0, branch0_accepted=2, bonus=0, emitted=(), resync=Resync("none", ()),
-              timings=Timings(), stop=None)
+    b = tuner_block([0, 1], 20, draft_ms=0.0)
     t = BudgetTuner(CostCurve((0, 64), (10.0, 74.0)), [15, 32, 64])
     t.observe(b, 64)                                       # a natural 20-node tree under a budget of 64
     assert t.expected_size(64) == 20 and t.expected_size(15) == 15
@@ -189,14 +190,10 @@ def test_budget_tuner_skips_drafting_when_no_tree_pays():
     """A CPU-like linear curve (2 tokens cost twice 1) and weak acceptance: budget 0 (a plain ar
     step, no drafting cost) beats every tree; strong acceptance on a GPU-like flat curve brings the
     trees back (on a linear curve no tree can ever pay: tau would have to exceed V + 1)."""
-    from cure_core.block import Block, Resync, Timings, TreeNode
     from cure_core.budget import BudgetTuner, CostCurve
 
     def block(accepted, size):
-        nodes = tuple(TreeNode(token=i, parent=-1, depth=1, branch=0, accepted=i in accepted) for i in range(size))
-        return Block(index=0, strategy="cure", context_len=0, root=0, draft=(), margins=(), ufps=(), nodes=nodes,
-                     accepted=tuple(accepted), winner=0, branch0_accepted=0, bonus=0, emitted=(),
-                     resync=Resync("none", ()), timings=Timings(draft_ms=20.0), stop=None)
+        return tuner_block(accepted, size, draft_ms=20.0)
     linear = CostCurve((0, 1, 7, 16), (100.0, 200.0, 800.0, 1700.0))
     flat = CostCurve((0, 1, 7, 16), (100.0, 105.0, 120.0, 140.0))
     weak, strong = BudgetTuner(linear, [0, 1, 4, 7, 16]), BudgetTuner(flat, [0, 1, 4, 7, 16])
@@ -252,14 +249,10 @@ def test_budget_tuner_explores_ever_more_rarely_while_the_best_stays_put():
     """Settled at budget 0 (weak drafts, steep curve): exploration blocks get rarer (8, 8, 16, 32, 64
     blocks apart, then 64). When the drafts become good, an exploration that beats its estimate brings
     exploration back to every 8th block and the tuner leaves 0 within a few explorations."""
-    from cure_core.block import Block, Resync, Timings, TreeNode
     from cure_core.budget import BudgetTuner, CostCurve
 
     def block(accepted, size):
-        nodes = tuple(TreeNode(token=i, parent=-1, depth=1, branch=0, accepted=i in accepted) for i in range(size))
-        return Block(index=0, strategy="cure", context_len=0, root=0, draft=(), margins=(), ufps=(), nodes=nodes,
-                     accepted=tuple(accepted), winner=0, branch0_accepted=0, bonus=0, emitted=(),
-                     resync=Resync("none", ()), timings=Timings(draft_ms=20.0), stop=None)
+        return tuner_block(accepted, size, draft_ms=20.0)
     curve = CostCurve((0, 1, 7, 16), (100.0, 130.0, 180.0, 260.0))
     t = BudgetTuner(curve, [0, 1, 4, 7, 16])
     explored = []
