@@ -5,7 +5,9 @@ when the extra accepted tokens outgrow the extra verification cost, and C_v's sh
 the machine (steep on a CPU, nearly flat on a GPU up to dozens of tokens). So the engine
   1. measures C_v(V), one target forward over a root plus V tree nodes, once per model / device /
      dtype (cached on disk), and
-  2. learns E[a(V)] online from the blocks it verifies: the tree's nodes are inserted in priority
+  2. learns the drafting cost C_d(V) per budget (an AR drafter pays one step per drafted token,
+     repairs re-draft suffixes; a block-parallel drafter pays about the same at any V), and
+  3. learns E[a(V)] online from the blocks it verifies: the tree's nodes are inserted in priority
      order (branch 0, then repairs; best-first for ddtree), and a budget V keeps exactly the first
      V, so a block verified with a tree of T nodes tells a(V) = accepted nodes with index < V for
      every V <= T (and for every V when the tree was not cut by its budget).
@@ -155,7 +157,7 @@ class BudgetTuner:
         self.probe: tuple[int, float | None] | None = None   # (budget, expected a(V)) of a pending exploration
         self.warmup = warmup                                 # first blocks verified at the ceiling
         self.history: list[tuple[list[int], int, bool]] = []   # (accepted node indices, tree size, cut)
-        self.overhead_ms: list[float] = []                   # C_d: draft + tree + commit per block
+        self.overhead: list[tuple[int, float]] = []          # (budget, C_d ms: draft + tree + commit) per drafting block
         self.verify_scale: list[float] = []                  # measured verify_ms / curve's C_v(V): load drift
         self.blocks = 0
         self.last_choice = self.ceiling
@@ -180,9 +182,24 @@ class BudgetTuner:
         ea = self.expected_accept(v)
         if ea is None:
             return None
-        # Rule: budget 0 drafts nothing, so it pays no drafting cost (C_d = 0): a plain ar step.
-        c_d = statistics.mean(self.overhead_ms[-self.window:]) if self.overhead_ms and v > 0 else 0.0
-        return (ea + 1.0) / (c_d + self.verify_ms(self.expected_size(v)))
+        return (ea + 1.0) / (self.drafting_ms(v) + self.verify_ms(self.expected_size(v)))
+
+    def drafting_ms(self, v: int) -> float:
+        """C_d(v), learned per budget. Rule: budget 0 drafts nothing (C_d = 0: a plain ar step). Otherwise
+        the cost depends on the budget: an AR drafter takes one step per drafted token, and repair
+        branches re-draft their suffixes. So: the mean over recent blocks drafted at v; between two
+        budgets with samples, linear in v; outside them, the nearest one's."""
+        if v == 0 or not self.overhead:
+            return 0.0
+        by: dict[int, list[float]] = {}
+        for b, ms in self.overhead[-self.window:]:
+            by.setdefault(b, []).append(ms)
+        mean = {b: sum(ms) / len(ms) for b, ms in by.items()}
+        lo = max((b for b in mean if b <= v), default=None)
+        hi = min((b for b in mean if b >= v), default=None)
+        if lo is None or hi is None or lo == hi:
+            return mean[lo if hi is None else hi]
+        return mean[lo] + (mean[hi] - mean[lo]) * (v - lo) / (hi - lo)
 
     def verify_ms(self, v: float) -> float:
         """C_v(V): the start-up curve, rescaled online by how verification times run now."""
@@ -220,7 +237,7 @@ class BudgetTuner:
     def observe(self, block: Block, budget: int) -> None:
         t = block.timings
         if budget > 0:                                    # C_d is the cost of drafting blocks only
-            self.overhead_ms.append(t.draft_ms + t.tree_ms + t.commit_ms)
+            self.overhead.append((budget, t.draft_ms + t.tree_ms + t.commit_ms))
         expected = self.curve.verify(block.tree_size)
         if expected > 0 and t.verify_ms > 0:
             self.verify_scale.append(t.verify_ms / expected)
@@ -235,5 +252,5 @@ class BudgetTuner:
         self.history.append((list(block.accepted), block.tree_size, block.tree_size >= budget))
         if len(self.history) > 4 * self.window:
             del self.history[: -self.window]
-            del self.overhead_ms[: -self.window]
+            del self.overhead[: -self.window]
             del self.verify_scale[: -self.window]

@@ -273,3 +273,26 @@ def test_budget_tuner_explores_ever_more_rarely_while_the_best_stays_put():
     first = next(i for i, v in enumerate(choices) if v > 0)
     assert first <= 64                                     # the next scheduled exploration at the latest
     assert all(v > 0 for v in choices[first + 40:])        # ...and a few explorations later trees win
+
+
+def test_budget_tuner_learns_the_drafting_cost_per_budget():
+    """An AR-like drafter pays 80 ms per drafted token; the target verifies any tree in 100 ms and
+    accepts exactly two drafted tokens. Priced per budget, 2 nodes win (3 tokens / 260 ms, against 1 / 100
+    ms for no draft); one mean drafting cost for every budget (240 ms, the old rule) prices 2 nodes like 5
+    and skips drafting altogether (3 / 340 ms)."""
+    from cure_core.budget import BudgetTuner, CostCurve
+
+    t = BudgetTuner(CostCurve((0, 8), (100.0, 100.0)), [0, 1, 2, 3, 4, 5])
+    for _ in range(4):
+        for v in (1, 2, 4, 5):
+            t.observe(tuner_block([0, 1][:v], v, draft_ms=80.0 * v), v)
+    assert t.drafting_ms(0) == 0.0
+    assert t.drafting_ms(2) == pytest.approx(160.0) and t.drafting_ms(3) == pytest.approx(240.0)   # interpolated
+    t.blocks = 1
+    assert t.choose() == 2
+    flat = BudgetTuner(CostCurve((0, 8), (100.0, 100.0)), [0, 1, 2, 3, 4, 5])
+    for _ in range(4):
+        for v in (1, 2, 4, 5):
+            flat.observe(tuner_block([0, 1][:v], v, draft_ms=240.0), v)     # the same mean, any budget
+    flat.blocks = 1
+    assert flat.choose() == 0 and flat.rate(5) == pytest.approx(flat.rate(2))
