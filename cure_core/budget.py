@@ -11,7 +11,9 @@ the machine (steep on a CPU, nearly flat on a GPU up to dozens of tokens). So th
      order (branch 0, then repairs; best-first for ddtree), and a budget V keeps exactly the first
      V, so a block verified with a tree of T nodes tells a(V) = accepted nodes with index < V for
      every V <= T (and for every V when the tree was not cut by its budget).
-The first blocks use the ceiling; then an exploration block now and then tries the next budget up,
+The first blocks use the warm-up budget: the largest candidate whose verification costs at most
+`warmup_cost` one-token steps (the ceiling on a GPU's flat curve; 16-32 nodes on a CPU, where the
+ceiling's 65-node forward costs several tokens). Then an exploration block now and then tries the next budget up,
 so the estimates just above the chosen one stay fresh without paying for the largest trees. The
 exploration interval starts at `explore_every` blocks and doubles (up to `explore_max`) while the
 best budget does not move, so a settled choice costs almost nothing to keep checking.
@@ -144,7 +146,7 @@ class BudgetTuner:
     """Online choice of the tree budget V from the cost curve and the acceptance seen so far."""
 
     def __init__(self, curve: CostCurve, candidates: list[int], window: int = 64, explore_every: int = 8,
-                 warmup: int = 2, explore_max: int = 64):
+                 warmup: int = 2, explore_max: int = 64, warmup_cost: float = 2.0):
         self.curve = curve
         self.candidates = sorted(set(candidates))
         self.ceiling = self.candidates[-1]
@@ -155,7 +157,11 @@ class BudgetTuner:
         self.next_explore = warmup + explore_every           # block number of the next exploration
         self.settled: int | None = None                      # the best budget at the last exploration
         self.probe: tuple[int, float | None] | None = None   # (budget, expected a(V)) of a pending exploration
-        self.warmup = warmup                                 # first blocks verified at the ceiling
+        self.warmup = warmup                                 # first blocks verified at the warm-up budget
+        # Rule: warm-up blocks learn a(V) for every V up to their budget at once, so they want the largest
+        # tree whose verification costs at most `warmup_cost` one-token steps.
+        cheap = [v for v in self.candidates if v > 0 and curve.verify(v) <= warmup_cost * curve.verify(0)]
+        self.warmup_budget = max(cheap) if cheap else min((v for v in self.candidates if v > 0), default=0)
         self.history: list[tuple[list[int], int, bool]] = []   # (accepted node indices, tree size, cut)
         self.overhead: list[tuple[int, float]] = []          # (budget, C_d ms: draft + tree + commit) per drafting block
         self.verify_scale: list[float] = []                  # measured verify_ms / curve's C_v(V): load drift
@@ -209,7 +215,7 @@ class BudgetTuner:
     def choose(self) -> int:
         self.blocks += 1
         if len(self.history) < self.warmup:
-            choice = self.ceiling                          # warm-up: learn a(V) for every V at once
+            choice = self.warmup_budget                    # warm-up: learn a(V) for every V at once
         else:
             rated = [(r, v) for v in self.candidates if (r := self.rate(v)) is not None]
             choice = max(rated, key=lambda rv: (rv[0], -rv[1]))[1] if rated else self.ceiling

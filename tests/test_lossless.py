@@ -296,3 +296,13 @@ def test_budget_tuner_learns_the_drafting_cost_per_budget():
             flat.observe(tuner_block([0, 1][:v], v, draft_ms=240.0), v)     # the same mean, any budget
     flat.blocks = 1
     assert flat.choose() == 0 and flat.rate(5) == pytest.approx(flat.rate(2))
+
+
+def test_budget_tuner_warms_up_with_the_largest_tree_costing_two_tokens():
+    from cure_core.budget import BudgetTuner, CostCurve
+    cands = [0, 1, 4, 7, 16, 32, 64]
+    cpu = BudgetTuner(CostCurve((0, 16, 64), (100.0, 190.0, 400.0)), cands)
+    gpu = BudgetTuner(CostCurve((0, 16, 64), (10.0, 10.5, 11.0)), cands)
+    linear = BudgetTuner(CostCurve((0, 1, 64), (100.0, 200.0, 6500.0)), cands)
+    assert cpu.warmup_budget == 16 and gpu.warmup_budget == 64 and linear.warmup_budget == 1
+    assert [cpu.choose() for _ in range(cpu.warmup)] == [16] * cpu.warmup
