@@ -29,7 +29,7 @@ from cure_core.cpu_kernels import pack_linears, unavailable_reason  # noqa: E402
 from cure_core.lm import CachedLM  # noqa: E402
 
 
-def forward_ms(lm: CachedLM, ctx: list[int], n: int, gen: torch.Generator) -> float:
+def forward_ms(lm: CachedLM, n: int, gen: torch.Generator) -> float:
     """One forward over a root + (n-1)-node chain after the committed context, then rolled back."""
     vocab = int(lm.config.vocab_size)
     toks = torch.randint(0, vocab, (n,), generator=gen).tolist()
@@ -48,12 +48,12 @@ def measure(models: dict, sizes: list[int], ctx_len: int, reps: int) -> dict:
     lms = {name: CachedLM(m, kv="static", capacity=ctx_len + max(sizes) + 8) for name, m in models.items()}
     for lm in lms.values():
         lm.prefill(ctx)
-        forward_ms(lm, ctx, max(sizes), gen)            # warm-up
+        forward_ms(lm, max(sizes), gen)                 # warm-up
     times = {name: {n: [] for n in sizes} for name in lms}
     for _ in range(reps):
         for n in sizes:
             for name, lm in lms.items():                # alternate, so drift hits both alike
-                times[name][n].append(forward_ms(lm, ctx, n, gen))
+                times[name][n].append(forward_ms(lm, n, gen))
     out = {}
     for name in lms:
         med = {n: statistics.median(times[name][n]) for n in sizes}

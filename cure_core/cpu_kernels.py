@@ -53,6 +53,11 @@ def resolve_kernels(kernels: str, model: nn.Module) -> bool:
     return why is None
 
 
+def is_packed(model: nn.Module) -> bool:
+    """Whether pack_linears has run on `model` (any of its layers is a PackedLinear)."""
+    return any(isinstance(m, PackedLinear) for m in model.modules())
+
+
 class PackedLinear(nn.Module):
     """y = x W^T + b with W packed once by oneDNN. Inference only; with autograd on, it falls back to
     F.linear on the kept weight (the output head) or refuses (every other layer dropped its W)."""
@@ -63,10 +68,7 @@ class PackedLinear(nn.Module):
         w = linear.weight.detach()
         self.packed = torch.ops.mkldnn._reorder_linear_weight(w)     # opaque oneDNN layout, [out, in]
         self.bias = None if linear.bias is None else linear.bias       # stays a Parameter (state_dict names)
-        if keep_weight:
-            self.weight = linear.weight
-        else:
-            self.weight = None
+        self.weight = linear.weight if keep_weight else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() and (x.requires_grad or (self.weight is not None and self.weight.requires_grad)):

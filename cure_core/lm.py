@@ -27,7 +27,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
 
 from .config import KV_LAYOUTS
-from .cpu_kernels import PackedLinear
+from .cpu_kernels import is_packed
 from .tree import extend_ancestors
 
 
@@ -100,7 +100,7 @@ class CachedLM:
         self.kv = kv
         self.static_shapes = static_shapes or compile   # compiled graphs want a few fixed shapes
         self.run = model
-        if compile and any(isinstance(m, PackedLinear) for m in model.modules()):
+        if compile and is_packed(model):
             raise ValueError("--compile cannot trace packed CPU layers (inductor packs weights itself); "
                              "load the model with --kernels eager")
         if compile:

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from cure_cli.main import app
 from cure_core.config import DecodeConfig
-from cure_core.cpu_kernels import PackedLinear, pack_linears, resolve_kernels
+from cure_core.cpu_kernels import PackedLinear, is_packed, pack_linears, resolve_kernels
 from cure_core.engine import Engine, generate_ids
 from cure_core.lm import CachedLM
 from cure_core.models import load_pair
@@ -107,10 +107,10 @@ def test_load_pair_packs_target_and_drafter_together(tiny_dirs):
     loaded = load_pair(str(t), str(d))
     assert loaded.kernels == "packed"
     for model in (loaded.pair.target, loaded.pair.drafter.lm.model):
-        assert any(isinstance(m, PackedLinear) for m in model.modules())
+        assert is_packed(model)
     eager = load_pair(str(t), str(d), kernels="eager")
     assert eager.kernels == "eager"
-    assert not any(isinstance(m, PackedLinear) for m in eager.pair.target.modules())
+    assert not is_packed(eager.pair.target)
     half = load_pair(str(t), str(d), dtype="float16")           # auto leaves what it cannot pack alone
     assert half.kernels == "eager"
 

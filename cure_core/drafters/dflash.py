@@ -202,6 +202,12 @@ class DFlashDrafter:
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
         self._root = 0
+        cfg = model.config
+        n_kv = cfg.num_key_value_heads
+        d = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        # Context K/V rows per layer, [n_kv, capacity, D]: kept across generations, grown by doubling.
+        self._rows = [(torch.zeros((n_kv, 256, d), device=self.device, dtype=self.dtype),
+                       torch.zeros((n_kv, 256, d), device=self.device, dtype=self.dtype)) for _ in model.layers]
         self.reset([], None)
 
     # ---- context cache ----
@@ -218,13 +224,6 @@ class DFlashDrafter:
         return [(k[:, :self._len], v[:, :self._len]) for k, v in self._rows]
 
     def reset(self, context: Sequence[int], hidden: torch.Tensor | None) -> None:
-        cfg = self.model.config
-        n_kv = cfg.num_key_value_heads
-        d = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        if not hasattr(self, "_rows"):                      # kept across generations, grown by doubling
-            self._rows = [(torch.zeros((n_kv, 256, d), device=self.device, dtype=self.dtype),
-                           torch.zeros((n_kv, 256, d), device=self.device, dtype=self.dtype))
-                          for _ in self.model.layers]
         self._len = 0
         self._pending: list[torch.Tensor] = []
         if len(context):
