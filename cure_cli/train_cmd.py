@@ -66,6 +66,7 @@ def train_drafter(
     distill_tokens: Annotated[int, typer.Option("--distill-tokens", help="self-distill: target greedy tokens per prompt.")] = 128,
     labels: Annotated[str, typer.Option("--labels", help="target: the target's greedy tokens (self-distillation); text: the corpus tokens.")] = "target",
     loss_vocab: Annotated[int, typer.Option("--loss-vocab", help="Softmax over the N most frequent label ids plus the batch's labels (0 = full vocabulary).")] = 16384,
+    draft_vocab: Annotated[int, typer.Option("--draft-vocab", help="dflash: save N ids (training labels by frequency, then the lowest ids) as the drafter's draft vocabulary: its head runs over those and the prompt's ids only (0 = the whole vocabulary).")] = 16384,
     gamma: Annotated[float, typer.Option("--gamma", help="Offset i weighs exp(-(i-1)/gamma) in the loss; 0 = equal.")] = 4.0,
     target_layers: Annotated[Optional[str], typer.Option("--target-layers", help="dflash: comma-separated target decoder layers to condition on (default: L/4, L/2, L-2).")] = None,
     pard_init: Annotated[str, typer.Option("--pard-init", help="pard: shrink (the target with --layers layers) | scratch.")] = "shrink",
@@ -93,7 +94,7 @@ def train_drafter(
     except ValueError:
         raise ValueError(f"--target-layers must be comma-separated integers, got {target_layers!r}") from None
     spec = TrainSpec(kind=kind, steps=steps, block_size=block_size, layers=layers, lr=lr, batch=batch,
-                     anchors=anchors, labels=labels, loss_vocab=loss_vocab, gamma=gamma, seed=seed,
+                     anchors=anchors, labels=labels, loss_vocab=loss_vocab, draft_vocab=draft_vocab, gamma=gamma, seed=seed,
                      checkpoint_every=checkpoint_every, max_minutes=max_minutes)
     data = DataSpec(corpus=list(corpus or ["stdlib"]), seq_len=seq_len, max_tokens=max_tokens or None, seed=seed,
                     distill_prompts=distill_prompts, distill_tokens=distill_tokens)

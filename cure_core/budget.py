@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from .block import Block
-from .cpu_kernels import is_packed
+from .cpu_kernels import MIN_ROWS, is_packed
 from .lm import CachedLM
 
 SIZES = (0, 1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
@@ -63,7 +63,7 @@ def _model_key(model, ctx_len: int) -> str:
     p = next(model.parameters())
     name = getattr(model.config, "_name_or_path", "") or model.config.model_type
     n = sum(x.numel() for x in model.parameters())
-    kernels = "packed" if is_packed(model) else "eager"
+    kernels = f"packed{MIN_ROWS}" if is_packed(model) else "eager"   # the row padding changes the curve's low end
     return (f"{name}|{n}|{p.device}|{p.dtype}|ctx{ctx_len}|torch{torch.__version__}|threads{torch.get_num_threads()}"
             f"|{kernels}")
 

@@ -69,6 +69,11 @@ def build_cure_tree(cfg: DecodeConfig, proposal: Proposal, drafter: Drafter) -> 
             lengths.append(n - pos - 1)                       # re-draft down to the block's depth
             owners.append(pos)
         ufps.append((pos, margin, budget, tuple(alts)))
+    if cfg.keep_branch0:
+        # Rule: only repairs that will get a node under V_max are re-drafted. Small budgets (the tuner's
+        # shorter blocks, K = V + 1) leave no room past branch 0, and re-drafting there was pure cost.
+        fit = repairs_that_fit(n, owners, lengths, cfg.v_max, cfg.beam)
+        prefixes, lengths, owners = ([x for x, f in zip(xs, fit) if f] for xs in (prefixes, lengths, owners))
     t0 = time.perf_counter()
     suffixes = drafter.redraft(prefixes, lengths) if prefixes else []
     redraft_ms = (time.perf_counter() - t0) * 1e3
@@ -88,6 +93,24 @@ def build_cure_tree(cfg: DecodeConfig, proposal: Proposal, drafter: Drafter) -> 
             grafted.setdefault(pos, []).append(prefix[-1])
     return TreePlan(tree, tuple(UFP(position=p, margin=m, budget=b, alternatives=tuple(grafted.get(p, ())))
                                 for p, m, b, _ in ufps), redraft_ms=redraft_ms)
+
+
+def repairs_that_fit(n: int, owners: list[int], lengths: list[int], v_max: int, beam: int | None) -> list[bool]:
+    """Whether each repair branch, merged in order after a whole branch 0 of n nodes, adds at least one
+    node: the trie merge's budget (v_max nodes) and width (beam repair nodes per depth) replayed
+    without tokens. Every repair node is new (its substituted token differs from branch 0's and
+    from the other repairs'), so the replay is exact."""
+    total, width, fit = n, {}, []
+    for pos, length in zip(owners, lengths):
+        added = 0
+        for depth in range(pos + 1, pos + 2 + length):       # the substitute at depth pos + 1, then its suffix
+            if total >= v_max or (beam is not None and width.get(depth, 0) >= beam):
+                break
+            width[depth] = width.get(depth, 0) + 1
+            total += 1
+            added += 1
+        fit.append(added > 0)
+    return fit
 
 
 def build_ddtree(cfg: DecodeConfig, proposal: Proposal) -> DraftTree:

@@ -14,6 +14,18 @@ from cure_core.tiny import BYTE_VOCAB, MASK_ID, perturbed_copy, tiny_target
 torch.set_num_threads(1)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_cost_curves(tmp_path_factory):
+    """Cost curves measured by tests go to a temporary file, not the user's cache (~/.cache/cure):
+    they are keyed by tiny models' tmp paths and would pile up there run after run."""
+    from cure_core import budget
+    path = tmp_path_factory.mktemp("cost_curves") / "cost_curves.json"
+    saved = budget._cache_file
+    budget._cache_file = lambda: path
+    yield path
+    budget._cache_file = saved
+
+
 @pytest.fixture(scope="session")
 def target():
     return tiny_target(seed=0)

@@ -384,6 +384,91 @@ def test_every_strategy_is_lossless_with_the_dflash_drafter(drafter, dtarget):
 
 
 # ---------------------------------------------------------------------------------------------
+# Draft vocabulary: the head over a subset of ids (plus the context's)
+# ---------------------------------------------------------------------------------------------
+
+FIXED_IDS = list(range(40, 100)) + [MASK_ID]          # the mask is dropped on load
+
+
+def with_draft_vocab(src, dest, ids):
+    import shutil
+    shutil.copytree(src, dest)
+    state = load_file(str(dest / "model.safetensors"))
+    state["draft_vocab"] = torch.tensor(ids, dtype=torch.int64)
+    save_file(state, str(dest / "model.safetensors"), metadata={"format": "pt"})
+    return dest
+
+
+@pytest.fixture(scope="module")
+def cut(ckpt, dtarget, tmp_path_factory):
+    return load_dflash(with_draft_vocab(ckpt, tmp_path_factory.mktemp("dv") / "draft", FIXED_IDS), dtarget,
+                       vocab_size=BYTE_VOCAB)
+
+
+def test_draft_vocab_columns_are_the_full_heads_logits(drafter, cut, dtarget):
+    ctx = list(b"zz = {}\n")                           # 'z', ' ', '{', '}' ... join as context ids
+    feats = target_features(dtarget, ctx, drafter.target_layer_ids)
+    drafter.reset(ctx, feats)
+    cut.reset(ctx, feats)
+    assert MASK_ID not in cut.vocab.ids.tolist() and cut.vocab.ids[:60].tolist() == list(range(40, 100))
+    assert set(cut.vocab.ids.tolist()) == set(range(40, 100)) | set(ctx)
+    block = [ord("q")] + [MASK_ID] * 5
+    full = drafter.forward_blocks([block])[0]                       # [6, BYTE_VOCAB]
+    part = cut.forward_blocks([block])[0]                           # [6, V']
+    torch.testing.assert_close(part, full[:, cut.vocab.ids], atol=1e-5, rtol=1e-5)
+    p = cut.propose(ord("q"), 5, 3)
+    assert set(p.top_ids.flatten().tolist()) <= set(cut.vocab.ids.tolist())
+    assert p.tokens == cut.to_target_ids(part[1:].argmax(-1)).tolist()
+    # margins are logit gaps: renormalising over the subset leaves them as they are
+    ref = full[1:, cut.vocab.ids].topk(2, dim=-1).values
+    assert p.margins == pytest.approx((ref[:, 0] - ref[:, 1]).tolist(), abs=1e-4)
+    # a later committed token joins the vocabulary; a new generation forgets it
+    cut.advance([ord("~")], target_features(dtarget, ctx + [ord("~")], drafter.target_layer_ids)[-1:])
+    assert ord("~") in cut.vocab.ids.tolist()
+    cut.reset([], None)
+    assert cut.vocab.ids.tolist() == list(range(40, 100))
+
+
+def test_every_strategy_is_lossless_with_a_draft_vocab(cut, dtarget):
+    pair = ModelPair(target=dtarget, drafter=cut, eos_ids=())
+    for prompt, kw in lossless_cases(n=12, seed=4):
+        ref = generate_ids(pair, DecodeConfig(strategy="ar", **kw), prompt)
+        for strategy in ("parallel", "cure", "ddtree"):
+            assert generate_ids(pair, DecodeConfig(strategy=strategy, **kw), prompt) == ref, (strategy, prompt, kw)
+
+
+def test_the_drafter_runs_the_targets_current_head_packed_or_not(ckpt, dtarget, tmp_path):
+    """Packing swaps the target's lm_head module after the drafter was built: the drafter must run the
+    new one (a kept reference ran the old, unpacked head: 100 ms a proposal instead of 30 on the 0.5B),
+    and a draft vocabulary cuts its head again, packed."""
+    import copy
+    from cure_core.cpu_kernels import PackedLinear, pack_linears
+    target = copy.deepcopy(dtarget)
+    d = load_dflash(with_draft_vocab(ckpt, tmp_path / "dv", FIXED_IDS), target, vocab_size=BYTE_VOCAB)
+    ctx = list(b"abc = 1\n")
+    feats = target_features(target, ctx, d.target_layer_ids)
+    d.reset(ctx, feats)
+    before = d.forward_blocks([[ord("x")] + [MASK_ID] * 3])[0]
+    pack_linears(target)
+    assert isinstance(d.lm_head, PackedLinear) and d.lm_head is target.lm_head
+    d.reset(ctx, feats)
+    after = d.forward_blocks([[ord("x")] + [MASK_ID] * 3])[0]
+    assert isinstance(d.vocab._head[1], PackedLinear)
+    torch.testing.assert_close(after, before, atol=1e-4, rtol=1e-4)
+
+
+def test_a_bad_draft_vocab_is_a_clear_error(ckpt, dtarget, tmp_path):
+    bad = with_draft_vocab(ckpt, tmp_path / "float", [])
+    state = load_file(str(bad / "model.safetensors"))
+    state["draft_vocab"] = torch.ones(3)
+    save_file(state, str(bad / "model.safetensors"))
+    with pytest.raises(ModelLoadError, match="draft_vocab"):
+        load_dflash(bad, dtarget)
+    with pytest.raises(ModelLoadError, match="draft_vocab"):
+        load_dflash(with_draft_vocab(ckpt, tmp_path / "only-mask", [MASK_ID]), dtarget, vocab_size=BYTE_VOCAB)
+
+
+# ---------------------------------------------------------------------------------------------
 # Loading through models.load_pair and the CLI
 # ---------------------------------------------------------------------------------------------
 

@@ -71,6 +71,29 @@ def test_packed_ar_equals_eager_ar(target, drafts, packed):
         assert generate_ids(fast, cfg, prompt) == generate_ids(eager, cfg, prompt)
 
 
+def test_a_rows_result_does_not_depend_on_the_rows_beside_it():
+    """Few rows are padded (MIN_ROWS); padding or not, and however many rows come together, each
+    row's output is the same bits: a verify forward's matmuls give every node what a one-token step
+    would give it."""
+    import cure_core.cpu_kernels as K
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 96)
+    p = PackedLinear(lin, keep_weight=False)
+    x = torch.randn(40, 64)
+    with torch.inference_mode():
+        alone = torch.cat([p(x[i:i + 1]) for i in range(40)])
+        for m in (1, 2, 3, 4, 5, 17, 40):
+            assert torch.equal(p(x[:m]), alone[:m]), m
+        assert p(x[None, :3]).shape == (1, 3, 96) and p(x[:0]).shape == (0, 96)
+        saved = K.MIN_ROWS
+        try:
+            K.MIN_ROWS = 1
+            assert torch.equal(p(x[:1]), alone[:1])
+        finally:
+            K.MIN_ROWS = saved
+    torch.testing.assert_close(alone, lin(x), atol=1e-5, rtol=1e-5)
+
+
 def test_resolve_kernels_refuses_what_cannot_be_packed():
     half = tiny_target(seed=0).half()
     assert resolve_kernels("auto", half) is False             # auto: only where it applies

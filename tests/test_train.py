@@ -67,7 +67,7 @@ def test_dflash_cli_trains_saves_loads_and_decodes_losslessly(setup, tmp_path):
         "train-drafter", "--target", str(setup / "target"), "--kind", "dflash", "--out", str(out),
         "--corpus", str(setup / "corpus"), "--steps", "30", "--block-size", "6", "--lr", "3e-3", "--batch", "2",
         "--anchors", "8", "--seq-len", "64", "--max-tokens", "3000", "--threads", "1", "--eval-prompts", "2",
-        "--eval-set", "heldout", "--eval-new-tokens", "16", "--checkpoint-every", "10"])
+        "--eval-set", "heldout", "--eval-new-tokens", "16", "--checkpoint-every", "10", "--draft-vocab", "40"])
     assert res.exit_code == 0, res.output
     assert "tau K=8 (parallel)" in res.output and "offset 1" in res.output
     cfg = json.loads((out / "config.json").read_text())
@@ -76,6 +76,8 @@ def test_dflash_cli_trains_saves_loads_and_decodes_losslessly(setup, tmp_path):
     state = load_file(str(out / "model.safetensors"))
     assert "fc.weight" in state and "layers.0.self_attn.q_norm.weight" in state
     assert not any(k.startswith(("embed_tokens", "lm_head")) for k in state)
+    assert state["draft_vocab"].dtype == torch.int64 and state["draft_vocab"].shape == (40,)
+    assert cfg["dflash_config"]["mask_token_id"] not in state["draft_vocab"].tolist()
     hist = json.loads((out / "train.json").read_text())["history"]
     assert _mean([h["loss"] for h in hist[-5:]]) < _mean([h["loss"] for h in hist[:5]])
     ev = json.loads((out / "eval.json").read_text())
@@ -83,6 +85,7 @@ def test_dflash_cli_trains_saves_loads_and_decodes_losslessly(setup, tmp_path):
     assert (out / "checkpoint" / "state.pt").exists() and list((out / "features").glob("shard_*.safetensors"))
     loaded = _check_lossless(out, setup)
     assert loaded.drafter_kind == "dflash"
+    assert loaded.pair.drafter.vocab.fixed == state["draft_vocab"].tolist()
 
     # The eval's batched block forward drafts exactly what the engine's drafter proposes.
     d = loaded.pair.drafter

@@ -109,12 +109,40 @@ def test_cure_tree_budget_depth_beam(v_max, beam):
     # repair frontier: at most `beam` repair nodes at any depth
     for d in set(tree.depths):
         assert sum(1 for i in range(len(tree)) if tree.depths[i] == d and tree.branches[i] != 0) <= beam
+    if v_max <= len(block):                                  # no room past branch 0: nothing re-drafted
+        assert stub.calls == [] and tree.tokens == block
+        return
     # the repair prefixes were re-drafted in ONE batched call, suffix down to depth K-1
     assert len(stub.calls) == 1
     prefixes, lengths = stub.calls[0]
     for p, n in zip(prefixes, lengths):
         assert p[:-1] == block[: len(p) - 1] and len(p) + n == 15
     assert [u.position for u in plan.ufps] == [3, 9]
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 12), v_extra=st.integers(-3, 30), beam=st.integers(1, 4), max_ufps=st.integers(0, 4),
+       margins=st.lists(st.floats(0.0, 2.0), min_size=12, max_size=12))
+def test_only_repairs_that_fit_are_redrafted_and_the_tree_is_unchanged(n, v_extra, beam, max_ufps, margins):
+    """Skipping the repairs the budget would cut leaves the same tree (tokens, parents, branch 0) as
+    re-drafting every repair and letting the trie merge cut them; every re-drafted repair adds a node."""
+    import cure_core.strategies as S
+    cfg = DecodeConfig(k=n + 1, v_max=n + max(v_extra, 0), beam=beam, max_ufps=max_ufps, tau_margin=1.0)
+    block = list(range(1, n + 1))
+    prop = proposal(block, margins[:n])
+    lean, full = Redrafter(), Redrafter()
+    a = build_cure_tree(cfg, prop, lean).tree
+    saved = S.repairs_that_fit
+    S.repairs_that_fit = lambda n_, owners, *_: [True] * len(owners)
+    try:
+        b = build_cure_tree(cfg, prop, full).tree
+    finally:
+        S.repairs_that_fit = saved
+    assert (a.tokens, a.parents, a.depths) == (b.tokens, b.parents, b.depths)
+    assert [x == 0 for x in a.branches] == [x == 0 for x in b.branches]
+    asked = len(lean.calls[0][0]) if lean.calls else 0
+    assert asked == len(set(a.branches) - {0})              # each re-drafted repair is in the tree
+    assert asked <= (len(full.calls[0][0]) if full.calls else 0)
 
 
 def test_cure_without_branch0_keeps_only_shared_prefix():

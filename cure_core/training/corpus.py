@@ -130,17 +130,41 @@ def fingerprint(chunks: Sequence[Sequence[int]]) -> str:
     return h.hexdigest()[:16]
 
 
-def self_distill_docs(model, tokenizer, prompts: Sequence[str], new_tokens: int, progress=None) -> list[Doc]:
-    """The target's own greedy continuations of code prompts (prompt + continuation = one document)."""
+def self_distill_docs(model, tokenizer, prompts: Sequence[str], new_tokens: int, progress=None,
+                      batch: int = 16) -> list[Doc]:
+    """The target's own greedy continuations of code prompts (prompt + continuation = one document).
+
+    Prompts run `batch` at a time, left-padded, through HF generate: a decode step over 16 rows costs
+    little more than over one on a memory-bound CPU or GPU (Qwen2.5-0.5B, 2 cores: ~1.5x), so the
+    corpus comes ~10x faster. Padding may round a row differently from running it alone; that only
+    changes which text is trained on, never what is verified at decode time."""
     import torch
     docs = []
     dev = next(model.parameters()).device
-    for i, p in enumerate(prompts):
-        ids = tokenizer.encode(p, add_special_tokens=False)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    eos = set(_eos_ids(model, tokenizer))
+    for s in range(0, len(prompts), batch):
+        part = [tokenizer.encode(p, add_special_tokens=False) for p in prompts[s: s + batch]]
+        width = max(len(ids) for ids in part)
+        ids = torch.tensor([[pad] * (width - len(x)) + x for x in part], device=dev)          # [B, T] left-padded
+        attn = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in part], device=dev)
         with torch.inference_mode():
-            out = model.generate(torch.tensor([ids], device=dev), max_new_tokens=new_tokens, do_sample=False,
-                                 pad_token_id=tokenizer.pad_token_id or 0)
-        docs.append(Doc(f"distill/{i}", tokenizer.decode(out[0].tolist(), skip_special_tokens=True)))
+            out = model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=new_tokens, do_sample=False,
+                                 pad_token_id=pad)
+        for j, x in enumerate(part):
+            cont = out[j, width:].tolist()
+            cut = next((k + 1 for k, t in enumerate(cont) if t in eos), len(cont))   # keep the first EOS only
+            docs.append(Doc(f"distill/{s + j}", tokenizer.decode(x + cont[:cut], skip_special_tokens=True)))
         if progress is not None:
-            progress()
+            progress(len(part))
     return docs
+
+
+def _eos_ids(model, tokenizer) -> list[int]:
+    ids = []
+    for src in (getattr(model, "generation_config", None), model.config):
+        e = getattr(src, "eos_token_id", None) if src is not None else None
+        ids += [e] if isinstance(e, int) else list(e or [])
+    if tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    return ids

@@ -187,8 +187,12 @@ def loss_step(model, embed, head_w: torch.Tensor, fs: FeatureSet, chunk_ids: lis
     return loss, {"hits": hits, "count": cnt}
 
 
-def save_dflash(folder, model: DFlashModel, config_dict: dict, dtype=torch.float16) -> None:
-    """The published layout: config.json + model.safetensors (unprefixed names, no embedding/lm_head)."""
+def save_dflash(folder, model: DFlashModel, config_dict: dict, dtype=torch.float16,
+                draft_vocab: torch.Tensor | None = None) -> None:
+    """The published layout: config.json + model.safetensors (unprefixed names, no embedding/lm_head),
+    plus the optional int64 `draft_vocab` tensor the loader turns into a DraftVocab."""
     state = {k: v.detach().to("cpu", dtype) for k, v in model.state_dict().items() if "rotary_emb" not in k}
+    if draft_vocab is not None:
+        state["draft_vocab"] = draft_vocab.detach().to("cpu", torch.int64).contiguous()
     atomic_save_safetensors(f"{folder}/model.safetensors", state)
     atomic_write_json(f"{folder}/config.json", dict(config_dict, dtype=str(dtype).replace("torch.", "")))

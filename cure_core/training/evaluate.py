@@ -34,10 +34,13 @@ def _offset_predictions(pair, kind: str, seq: list[int], start: int, block: int)
         return ok
     if kind == "dflash":
         _, feats = target_forward(pair.target, seq, d.target_layer_ids)
+        if d.vocab is not None:                  # as at decode time: the prompt's ids join the draft vocabulary
+            d.vocab.reset()
+            d.vocab.add(seq[:start + 1])
         for s in range(0, len(anchors), 16):
             part = anchors[s: s + 16]
             hid = block_hidden(d.model, d.embed, feats, toks, part, block, d.mask_token_id)
-            pred = d._logits(hid.to(d.lm_head.weight.dtype)).argmax(-1).cpu()     # [nA, block]
+            pred = d.to_target_ids(d._logits(hid.to(d.lm_head.weight.dtype)).argmax(-1)).cpu()   # [nA, block]
             for k, a in enumerate(part):
                 for j in range(1, block):
                     if a + j < len(seq):

@@ -26,7 +26,7 @@ def default_layer_ids(n_layers: int) -> list[int]:
     return sorted({max(0, n_layers // 4), max(0, n_layers // 2), max(0, n_layers - 2)})
 
 
-def build_docs(spec: DataSpec, model=None, tokenizer=None, progress: Callable | None = None) -> tuple[list, list]:
+def build_docs(spec: DataSpec, model=None, tokenizer=None, progress_factory: Callable | None = None) -> tuple[list, list]:
     """-> (train docs, held-out docs)."""
     train, held = [], []
     for src in spec.corpus:
@@ -36,7 +36,8 @@ def build_docs(spec: DataSpec, model=None, tokenizer=None, progress: Callable | 
             if model is None:
                 raise ValueError("self-distill needs the target model")
             prompts = C.signature_prompts(C.stdlib_docs(), spec.distill_prompts, seed=spec.seed)
-            docs = C.self_distill_docs(model, tokenizer, prompts, spec.distill_tokens, progress=progress)
+            bar = progress_factory("self-distill prompts", len(prompts)) if progress_factory else None
+            docs = C.self_distill_docs(model, tokenizer, prompts, spec.distill_tokens, progress=bar)
         else:
             docs = C.file_docs([src])
         tr, he = C.split_docs(docs, spec.heldout_frac, spec.seed)
@@ -50,7 +51,7 @@ def build_docs(spec: DataSpec, model=None, tokenizer=None, progress: Callable | 
 def prepare_features(spec: DataSpec, model, tokenizer, target_name: str, layer_ids: list[int], folder: Path,
                      min_len: int, progress_factory=None) -> tuple[FeatureSet, list, list[list[int]]]:
     """-> (features of the training chunks, held-out docs, training chunks)."""
-    train, held = build_docs(spec, model, tokenizer)
+    train, held = build_docs(spec, model, tokenizer, progress_factory)
     enc = lambda s: tokenizer.encode(s, add_special_tokens=False)   # noqa: E731
     chunks = C.chunk_docs(train, enc, spec.seq_len, min_len, spec.max_tokens, seed=spec.seed)
     if not chunks:

@@ -9,10 +9,11 @@ from typing import Callable
 
 import torch
 
+from ..cpu_kernels import pack_linears, unavailable_reason
 from ..errors import CureError
 from .io import atomic_write_json
 from .prepare import DataSpec, default_layer_ids, prepare_features
-from .trainer import TrainSpec, frequent_labels, train
+from .trainer import TrainSpec, draft_vocab_ids, frequent_labels, train
 
 KINDS = ("dflash", "pard")
 MASK_CANDIDATES = ("<|mask|>", "<|fim_pad|>", "<|fim_middle|>")
@@ -93,6 +94,11 @@ def run(opts: RunOptions, progress_factory: Callable, log: Callable = print) -> 
         p.requires_grad_(False)
     tok = load_tokenizer(tpath)
     n_layers = int(target.config.num_hidden_layers)
+    if spec.kind == "dflash" and unavailable_reason(target) is None:
+        # Packed kernels (cpu_kernels.py) speed up the self-distill corpus and the feature pass on a
+        # float32 CPU. The last layer keeps its weights: the draft layer starts as a copy of it. (PARD
+        # copies every layer it keeps, so its target stays unpacked.)
+        pack_linears(target, keep_weights=target.model.layers[-1])
     mask_id = choose_mask_token(tok, target)
     layer_ids: list[int] = []
     if spec.kind == "dflash":
@@ -105,6 +111,7 @@ def run(opts: RunOptions, progress_factory: Callable, log: Callable = print) -> 
     log(f"features: {len(fs)} chunks, {fs.n_tokens} tokens, layers {layer_ids or '-'}, mask token {mask_id}")
     vocab = int(target.get_output_embeddings().weight.shape[0])
     subset = frequent_labels(fs, spec, vocab, mask_id)
+    draft_vocab = draft_vocab_ids(fs, spec.labels, vocab, mask_id, spec.draft_vocab) if spec.kind == "dflash" else None
     dev = torch.device(opts.device)
     if subset is not None:
         subset = subset.to(dev)
@@ -152,7 +159,7 @@ def run(opts: RunOptions, progress_factory: Callable, log: Callable = print) -> 
 
     save_dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[opts.save_dtype]
     if spec.kind == "dflash":
-        D.save_dflash(out, model, cfg, save_dtype)
+        D.save_dflash(out, model, cfg, save_dtype, draft_vocab=draft_vocab)
     else:
         model.config.pard_token = int(mask_id)
         model.to(save_dtype).save_pretrained(out)

@@ -33,6 +33,7 @@ class TrainSpec:
     anchors: int = 16               # random anchors (blocks) per chunk
     labels: str = "target"          # target (greedy argmax, self-distillation) | text
     loss_vocab: int = 16384         # most frequent label ids (+ the batch's labels) in the softmax; 0 = full
+    draft_vocab: int = 16384        # dflash: ids saved as the drafter's draft vocabulary (DraftVocab); 0 = none
     gamma: float = 4.0              # offset i weighs exp(-(i-1)/gamma); 0 = equal weights
     seed: int = 0
     checkpoint_every: int = 100
@@ -55,6 +56,24 @@ def frequent_labels(fs: FeatureSet, spec: TrainSpec, vocab: int, mask_id: int) -
     counts[mask_id] = -1
     ids = torch.argsort(counts, descending=True, stable=True)[: spec.loss_vocab]
     return ids[counts[ids] > 0]
+
+
+def draft_vocab_ids(fs: FeatureSet, labels: str, vocab: int, mask_id: int, n: int) -> torch.Tensor | None:
+    """The drafter's draft vocabulary: every label id seen in training, most frequent first, then the
+    lowest ids not yet in (a BPE tokenizer numbers its tokens in merge order, roughly by frequency)
+    up to n ids; never the mask. None when n is 0 or covers the whole vocabulary."""
+    if n <= 0 or n >= vocab - 1:
+        return None
+    src = fs.argmax if labels == "target" else fs.tokens
+    counts = torch.bincount(torch.cat(src).clamp(0, vocab - 1), minlength=vocab)
+    counts[mask_id] = -1
+    ranked = torch.argsort(counts, descending=True, stable=True)
+    seen = ranked[counts[ranked] > 0][:n]
+    rest = torch.ones(vocab, dtype=torch.bool)
+    rest[seen] = False
+    rest[mask_id] = False
+    fill = torch.nonzero(rest).flatten()[: n - seen.numel()]
+    return torch.cat([seen, fill])
 
 
 def batch_generator(spec: TrainSpec, step: int) -> torch.Generator:
