@@ -175,15 +175,20 @@ def load_pair(target: str, draft: str | None = None, *, drafter: str = "auto", m
         names["ar_draft"] = ar_draft
         models.append(amodel)
     packed = apply_kernels(kernels if not device_map else "eager", models)
-    eos = set()
-    for src in (getattr(tmodel, "generation_config", None), tmodel.config):
-        e = getattr(src, "eos_token_id", None) if src is not None else None
-        eos.update([e] if isinstance(e, int) else (e or []))
-    if tok.eos_token_id is not None:
-        eos.add(tok.eos_token_id)
-    pair = ModelPair(target=tmodel, drafter=block_drafter, ar_drafter=ar_drafter, eos_ids=tuple(sorted(eos)),
+    pair = ModelPair(target=tmodel, drafter=block_drafter, ar_drafter=ar_drafter, eos_ids=eos_ids(tmodel, tok),
                      names=names)
     return LoadedPair(pair=pair, tokenizer=tok, drafter_kind=kind, kernels="packed" if packed else "eager")
+
+
+def eos_ids(model, tokenizer) -> tuple[int, ...]:
+    """Every end-of-sequence id the model's generation config, its config and its tokenizer name."""
+    eos = set()
+    for src in (getattr(model, "generation_config", None), model.config):
+        e = getattr(src, "eos_token_id", None) if src is not None else None
+        eos.update([e] if isinstance(e, int) else (e or []))
+    if tokenizer.eos_token_id is not None:
+        eos.add(tokenizer.eos_token_id)
+    return tuple(sorted(eos))
 
 
 def apply_kernels(kernels: str, models: list) -> bool:

@@ -189,35 +189,36 @@ class DraftVocab:
     (margins, l1 - l2, are unchanged)."""
 
     def __init__(self, ids: torch.Tensor, mask_token_id: int, vocab_size: int | None):
-        keep, seen = [], set()
-        for t in ids.flatten().tolist():
-            if t != mask_token_id and t not in seen and t >= 0 and (vocab_size is None or t < vocab_size):
-                keep.append(int(t))
-                seen.add(int(t))
-        if not keep:
-            raise ModelLoadError("the DFlash draft_vocab holds no usable token id")
-        self.fixed = keep                          # frequency-ranked, fixed for the checkpoint
         self.mask_token_id, self.vocab_size = int(mask_token_id), vocab_size
-        self._fixed_set = seen
+        self.fixed = self._new_ids(ids.flatten().tolist(), set())   # frequency-ranked, fixed for the checkpoint
+        if not self.fixed:
+            raise ModelLoadError("the DFlash draft_vocab holds no usable token id")
+        self._fixed_set = set(self.fixed)
         self._head = None                          # (lm_head it was cut from, Linear over the fixed ids)
         self.reset()
+
+    def _new_ids(self, tokens, known: set[int]) -> list[int]:
+        """The ids of `tokens` a drafter may propose that `known` lacks, first occurrence order. Rule:
+        never the mask, never an id past the target's vocabulary."""
+        out: dict[int, None] = {}
+        for t in map(int, tokens):
+            if t not in known and t != self.mask_token_id and 0 <= t and (self.vocab_size is None or t < self.vocab_size):
+                out[t] = None
+        return list(out)
 
     def reset(self) -> None:
         """Forget the context ids (a new generation)."""
         self.extra: list[int] = []                 # context ids outside the fixed list, in arrival order
         self._extra_set: set[int] = set()
-        self._extra_w: torch.Tensor | None = None  # [n_extra, H] rows of the head weight
+        self._extra_rows = None                    # (weight [n_extra, H], bias or None) cut from the head
         self.ids = torch.tensor(self.fixed, dtype=torch.long)   # [V'] column -> target id
 
     def add(self, tokens: Sequence[int]) -> None:
-        new = [int(t) for t in tokens if int(t) not in self._fixed_set and int(t) not in self._extra_set
-               and int(t) != self.mask_token_id and int(t) >= 0
-               and (self.vocab_size is None or int(t) < self.vocab_size)]
-        new = list(dict.fromkeys(new))
+        new = [t for t in self._new_ids(tokens, self._fixed_set) if t not in self._extra_set]
         if new:
             self.extra += new
             self._extra_set.update(new)
-            self._extra_w = None
+            self._extra_rows = None
             self.ids = torch.cat([self.ids, torch.tensor(new, dtype=torch.long)])
 
     def _fixed_head(self, lm_head: nn.Module) -> nn.Module:
@@ -243,12 +244,11 @@ class DraftVocab:
         out = self._fixed_head(lm_head)(hidden).float()                    # [N, V_fixed]
         if not self.extra:
             return out
-        if self._extra_w is None:
-            w = lm_head.weight.detach()
-            self._extra_w = w.index_select(0, torch.tensor(self.extra, device=w.device))
-        bias = getattr(lm_head, "bias", None)
-        extra_b = None if bias is None else bias.detach()[torch.tensor(self.extra, device=bias.device)]
-        return torch.cat([out, F.linear(hidden, self._extra_w, extra_b).float()], dim=-1)
+        if self._extra_rows is None:                                       # cut once per new context id
+            w, bias = lm_head.weight.detach(), getattr(lm_head, "bias", None)
+            idx = torch.tensor(self.extra, device=w.device)
+            self._extra_rows = (w.index_select(0, idx), None if bias is None else bias.detach().index_select(0, idx))
+        return torch.cat([out, F.linear(hidden, *self._extra_rows).float()], dim=-1)
 
 
 # --------------------------------------------------------------------------------------------

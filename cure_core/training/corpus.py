@@ -139,10 +139,12 @@ def self_distill_docs(model, tokenizer, prompts: Sequence[str], new_tokens: int,
     corpus comes ~10x faster. Padding may round a row differently from running it alone; that only
     changes which text is trained on, never what is verified at decode time."""
     import torch
+
+    from ..models import eos_ids
     docs = []
     dev = next(model.parameters()).device
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    eos = set(_eos_ids(model, tokenizer))
+    eos = set(eos_ids(model, tokenizer))
     for s in range(0, len(prompts), batch):
         part = [tokenizer.encode(p, add_special_tokens=False) for p in prompts[s: s + batch]]
         width = max(len(ids) for ids in part)
@@ -159,12 +161,3 @@ def self_distill_docs(model, tokenizer, prompts: Sequence[str], new_tokens: int,
             progress(len(part))
     return docs
 
-
-def _eos_ids(model, tokenizer) -> list[int]:
-    ids = []
-    for src in (getattr(model, "generation_config", None), model.config):
-        e = getattr(src, "eos_token_id", None) if src is not None else None
-        ids += [e] if isinstance(e, int) else list(e or [])
-    if tokenizer.eos_token_id is not None:
-        ids.append(tokenizer.eos_token_id)
-    return ids

@@ -48,14 +48,19 @@ def lr_at(spec: TrainSpec, step: int) -> float:
     return spec.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(t, 1.0))))
 
 
+def ranked_labels(fs: FeatureSet, labels: str, vocab: int, mask_id: int) -> torch.Tensor:
+    """Every label id seen in training, most frequent first (ties by id); never the mask."""
+    src = fs.argmax if labels == "target" else fs.tokens
+    counts = torch.bincount(torch.cat(src).clamp(0, vocab - 1), minlength=vocab)
+    counts[mask_id] = -1
+    ranked = torch.argsort(counts, descending=True, stable=True)
+    return ranked[counts[ranked] > 0]
+
+
 def frequent_labels(fs: FeatureSet, spec: TrainSpec, vocab: int, mask_id: int) -> torch.Tensor | None:
     if spec.loss_vocab <= 0 or spec.loss_vocab >= vocab:
         return None
-    src = fs.argmax if spec.labels == "target" else fs.tokens
-    counts = torch.bincount(torch.cat(src).clamp(0, vocab - 1), minlength=vocab)
-    counts[mask_id] = -1
-    ids = torch.argsort(counts, descending=True, stable=True)[: spec.loss_vocab]
-    return ids[counts[ids] > 0]
+    return ranked_labels(fs, spec.labels, vocab, mask_id)[: spec.loss_vocab]
 
 
 def draft_vocab_ids(fs: FeatureSet, labels: str, vocab: int, mask_id: int, n: int) -> torch.Tensor | None:
@@ -64,11 +69,7 @@ def draft_vocab_ids(fs: FeatureSet, labels: str, vocab: int, mask_id: int, n: in
     up to n ids; never the mask. None when n is 0 or covers the whole vocabulary."""
     if n <= 0 or n >= vocab - 1:
         return None
-    src = fs.argmax if labels == "target" else fs.tokens
-    counts = torch.bincount(torch.cat(src).clamp(0, vocab - 1), minlength=vocab)
-    counts[mask_id] = -1
-    ranked = torch.argsort(counts, descending=True, stable=True)
-    seen = ranked[counts[ranked] > 0][:n]
+    seen = ranked_labels(fs, labels, vocab, mask_id)[:n]
     rest = torch.ones(vocab, dtype=torch.bool)
     rest[seen] = False
     rest[mask_id] = False
