@@ -1,19 +1,29 @@
 """Verification cost curve and per-block engine overhead at realistic model shapes (for a GPU).
 
 No weights can reach the GPU machines, so the target is RANDOMLY INITIALISED from a real config
-(Qwen3-8B's shape by default) and the drafter is a small random causal LM used PARD-style. Random
-models accept almost nothing, which does not matter here: this measures time, not acceptance.
+(Qwen3-8B's shape by default) and the drafters are a small random causal LM used PARD-style and a
+DFlash drafter initialised as training starts it. Random models accept almost nothing, which does
+not matter here: this measures time (and, with --lossless, correctness on tiny models), not acceptance.
+Results of the H200 runs and their commands: benchmarks/results/README.md, section gpu_h200.
 
-    python benchmarks/gpu_costs.py --device cuda --shape qwen3-8b --out benchmarks/results/gpu_costs_h200.json
-    python benchmarks/gpu_costs.py --device cuda --compile           # also the static-shape compiled path
-    python benchmarks/gpu_costs.py --shape tiny --device cpu         # smoke run (the test does this)
+    python benchmarks/gpu_costs.py --device cuda --lossless 10 --compile --out gpu_costs.json
+    python benchmarks/gpu_costs.py --device cuda --stages cost --compile   # eager vs CUDA-graph curves only
+    python benchmarks/gpu_costs.py --shape tiny --device cpu               # smoke run (the test does this)
 
 1. Cost curve: one target forward over [root + V chain] on a context of --ctx tokens, for every
    V in --sizes and every KV layout (dynamic = transformers' DynamicCache, static = preallocated
    rows; with --compile also static shapes + torch.compile, CUDA graphs on a GPU). Median of
    --reps runs after warm-up runs (which compile, for the compiled layout).
-2. Overhead: block wall time minus the time inside model forwards (synchronised), per strategy
-   and budget, on the static layout: what the engine costs beyond the models.
+2. Overhead: block wall time minus the time inside model forwards (synchronised), per drafter
+   (PARD-style causal, DFlash), strategy and budget, on the static layout: what the engine costs
+   beyond the models. One row runs `--v-max auto` and records the budgets the tuner chose.
+3. With --lossless N: every strategy (and the compiled, dynamic-KV and auto-budget paths) against
+   `ar` on N prompts with tiny float32 models ON THIS DEVICE: the GPU's kernels differ from the CPU's.
+4. The tuner's own cost curve (budget.measure_cost_curve, what `--v-max auto` measures at start-up).
+
+Stages run in that order: lossless, cost curves (eager layouts), tuner curve, overhead, compiled
+curve; the JSON is rewritten after each, and stages that would start after --deadline seconds are
+skipped (recorded as such), so a lease that runs short still returns what was measured.
 """
 from __future__ import annotations
 
@@ -26,11 +36,14 @@ from pathlib import Path
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from cure_core.config import DecodeConfig
-from cure_core.drafters.causal import PardDrafter
-from cure_core.engine import Engine, ModelPair
+from cure_core.budget import measure_cost_curve
+from cure_core.config import STRATEGIES, DecodeConfig
+from cure_core.drafters.causal import ArDrafter, PardDrafter
+from cure_core.drafters.dflash import DFlashDrafter, default_target_layer_ids
+from cure_core.engine import Engine, ModelPair, generate_ids
 from cure_core.lm import CachedLM
-from cure_core.tiny import MASK_ID, perturbed_copy, tiny_config
+from cure_core.tiny import BYTE_VOCAB, MASK_ID, perturbed_copy, tiny_config, tiny_target
+from cure_core.training.dflash_train import build_model, draft_config_dict, init_from_target
 
 # Real configs' shapes (random weights). Each draft is a 2-layer model sharing the vocabulary.
 SHAPES = {
@@ -41,6 +54,7 @@ SHAPES = {
 }
 DRAFT = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=2, num_attention_heads=16,
              num_key_value_heads=8, head_dim=64)
+DFLASH_LAYERS = 5                  # z-lab's Qwen3-8B-DFlash-b16 has 5 draft layers over 5 target layers
 
 
 def synced_now(device: torch.device) -> float:
@@ -50,24 +64,37 @@ def synced_now(device: torch.device) -> float:
 
 
 class Clock:
-    """Seconds inside the forwards of some modules; synchronises the device at each edge. Its hooks
-    are registered after the cost curves: inside a compiled forward they would break the graph."""
+    """Seconds inside the forwards of some modules; synchronises the device at each outermost edge
+    (nested watched modules, e.g. the target's head called by a DFlash drafter, count once). Its
+    hooks are removed (`close`) before the compiled curve: inside a compiled forward they would break
+    the graph."""
 
     def __init__(self, device: torch.device, *modules):
-        self.device, self.total, self._t = device, 0.0, 0.0
+        self.device, self.total, self._t, self._depth = device, 0.0, 0.0, 0
+        self._hooks: list = []
+        self.watch(*modules)
+
+    def watch(self, *modules) -> None:
         for m in modules:
-            m.register_forward_pre_hook(lambda *_: self._edge(True))
-            m.register_forward_hook(lambda *_: self._edge(False))
+            self._hooks.append(m.register_forward_pre_hook(lambda *_: self._edge(True)))
+            self._hooks.append(m.register_forward_hook(lambda *_: self._edge(False)))
+
+    def close(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
 
     def now(self) -> float:
         return synced_now(self.device)
 
     def _edge(self, start: bool) -> None:
-        t = self.now()
-        if start:
-            self._t = t
-        else:
-            self.total += t - self._t
+        self._depth += 1 if start else -1
+        if self._depth == (1 if start else 0):           # outermost edge only
+            t = self.now()
+            if start:
+                self._t = t
+            else:
+                self.total += t - self._t
 
 
 def build(shape: str, device: torch.device, dtype: torch.dtype):
@@ -85,14 +112,94 @@ def build(shape: str, device: torch.device, dtype: torch.dtype):
     return target, draft, SHAPES[shape]["vocab_size"] - 1
 
 
+def dflash_drafter(target, mask_id: int, block_size: int = 16, n_layers: int = DFLASH_LAYERS) -> DFlashDrafter:
+    """A DFlash drafter initialised as training starts it (every draft layer a copy of the target's
+    last layer): the real drafter's shapes and forward, the target's embedding and head."""
+    n_target = int(target.config.num_hidden_layers)
+    n_layers = min(n_layers, n_target)
+    layer_ids = default_target_layer_ids(n_target, n_layers)
+    p = next(target.parameters())
+    cfg = draft_config_dict(target.config, layer_ids, n_layers, block_size, mask_id, attention_bias=False)
+    with torch.device(p.device):
+        model = build_model(cfg, target.config).to(p.dtype)
+    init_from_target(model, target, layer_ids)
+    return DFlashDrafter(model.eval(), target, target_layer_ids=layer_ids, mask_token_id=mask_id,
+                         block_size=block_size, vocab_size=int(target.config.vocab_size))
+
+
+# Prompts for the lossless check (bytes: the tiny models' vocabulary), of varied lengths.
+PROMPTS = [b"def fibonacci(n):\n    ", b"import os\n", b"x", b"class Stack:\n    def push(self, item):\n",
+           b"for i in range(10):\n    print(i * i)\n", b"SELECT name FROM users WHERE", b"The quick brown fox",
+           b"    return [a + b for a, b in zip(xs, ys)]\n\ndef main():", b"{", b"# sort a list\n"]
+
+# Configurations the lossless check runs: (label, DecodeConfig overrides); each strategy at several
+# shapes, plus the execution paths (dynamic KV, compiled static shapes, auto budget).
+LOSSLESS_CONFIGS = [
+    *[(f"{s}-k{k}", dict(strategy=s, k=k, v_max=max(k - 1, 24), tau_margin=3.0, max_ufps=2))
+      for s in STRATEGIES[1:] for k in (4, 8)],
+    ("cure-k16-paper", dict(strategy="cure", k=16, v_max=64)),
+    ("ddtree-k16-v64", dict(strategy="ddtree", k=16, v_max=64)),
+    ("cure-dynamic-kv", dict(strategy="cure", k=6, v_max=20, tau_margin=3.0, kv_cache="dynamic")),
+    ("cure-auto-budget", dict(strategy="cure", k=8, v_max=32, auto_budget=True)),
+    ("cure-compiled", dict(strategy="cure", k=5, v_max=12, tau_margin=3.0, compile=True)),
+]
+
+
+def lossless(device: torch.device, n_prompts: int, new_tokens: int = 24, only: tuple[str, ...] = ()) -> dict:
+    """Every configuration (or those labelled in `only`) against `ar` (dynamic KV) on tiny float32
+    models on `device`; compiled runs use 3 prompts (each padded shape compiles once)."""
+    target = tiny_target(seed=0)
+    draft = perturbed_copy(target, noise=0.2, seed=1).to(device)
+    target = target.to(device)
+    pairs = {"pard": ModelPair(target=target, drafter=PardDrafter(draft, MASK_ID, vocab_size=BYTE_VOCAB),
+                               ar_drafter=ArDrafter(draft, vocab_size=BYTE_VOCAB)),
+             "dflash": ModelPair(target=target, drafter=dflash_drafter(target, MASK_ID, block_size=8, n_layers=2),
+                                 ar_drafter=ArDrafter(draft, vocab_size=BYTE_VOCAB))}
+    prompts = [list(PROMPTS[i % len(PROMPTS)] * (1 + i // len(PROMPTS))) for i in range(n_prompts)]
+    base = dict(max_new_tokens=new_tokens, stop_at_eos=False)
+    rows, accepted = [], 0
+    for drafter, pair in pairs.items():
+        refs = [generate_ids(pair, DecodeConfig(strategy="ar", kv_cache="dynamic", **base), p) for p in prompts]
+        for label, conf in LOSSLESS_CONFIGS:
+            if only and label not in only:
+                continue
+            cfg = DecodeConfig(**base, **conf)
+            use = prompts[:3] if cfg.compile else prompts
+            t0 = time.perf_counter()
+            bad, tau, error = [], [], None
+            try:
+                for i, prompt in enumerate(use):
+                    out, emitted = [], []
+                    for block in Engine(pair, cfg).generate(prompt):
+                        out.extend(block.emitted)
+                        emitted.append(len(block.emitted))
+                    if out != refs[i]:
+                        bad.append(i)
+                    tau.append(sum(emitted) / max(len(emitted), 1))
+            except Exception as e:                        # noqa: BLE001 -- one path failing is a result too
+                error = f"{type(e).__name__}: {e}"
+            accepted += len(tau) - len(bad)
+            rows.append({"drafter": drafter, "config": label, "prompts": len(tau), "mismatched": bad,
+                         "mean_tau": statistics.mean(tau) if tau else None, "error": error,
+                         "seconds": time.perf_counter() - t0})
+            print(f"lossless {drafter:6} {label:18} {len(tau) - len(bad)}/{len(tau)} equal ar"
+                  + (f", tau {rows[-1]['mean_tau']:.2f}" if tau else "") + (f", ERROR {error}" if error else ""),
+                  flush=True)
+    return {"new_tokens": new_tokens, "runs": rows, "equal": accepted,
+            "total": sum(r["prompts"] for r in rows)}
+
+
 @torch.inference_mode()
-def cost_curve(target, layout: dict, sizes, ctx_len: int, reps: int, warm: int) -> list[float]:
+def cost_curve(target, layout: dict, sizes, ctx_len: int, reps: int, warm: int, late=lambda: False) -> list[float]:
+    """Median ms per size; stops early (fewer entries) once `late()` says the deadline has passed."""
     vocab = int(target.config.vocab_size)
     gen = torch.Generator().manual_seed(0)
     lm = CachedLM(target, capacity=ctx_len + max(sizes) + 160, **layout)
     lm.prefill(torch.randint(0, vocab, (ctx_len,), generator=gen).tolist())
     out = []
     for v in sizes:
+        if late():
+            break
         toks = torch.randint(0, vocab, (v + 1,), generator=gen).tolist()
         runs = []
         for r in range(warm + reps):
@@ -106,9 +213,10 @@ def cost_curve(target, layout: dict, sizes, ctx_len: int, reps: int, warm: int) 
 
 
 def overhead(pair, clock: Clock, cfg: DecodeConfig, prompt, blocks: int) -> dict:
-    rows = []
+    rows, budgets = [], []
     while len(rows) < blocks:
-        gen = Engine(pair, cfg).generate(prompt)
+        engine = Engine(pair, cfg)
+        gen = engine.generate(prompt)
         while len(rows) < blocks:
             model0, t0 = clock.total, clock.now()
             try:
@@ -118,11 +226,22 @@ def overhead(pair, clock: Clock, cfg: DecodeConfig, prompt, blocks: int) -> dict
             wall = clock.now() - t0
             if block.index > 0:                              # block 0 includes the prefill
                 rows.append(((wall - (clock.total - model0)) * 1e3, wall * 1e3, block.tree_size))
+                budgets.append(block.tree_size)
         gen.close()
     oh = sorted(r[0] for r in rows)
-    return {"strategy": cfg.strategy, "v_max": cfg.v_max, "blocks": len(rows),
-            "mean_V": statistics.mean(r[2] for r in rows), "overhead_ms_median": statistics.median(oh),
+    return {"strategy": cfg.strategy, "v_max": "auto" if cfg.auto_budget else cfg.v_max, "blocks": len(rows),
+            "mean_V": statistics.mean(r[2] for r in rows), "tree_sizes": budgets,
+            "overhead_ms_median": statistics.median(oh),
             "overhead_ms_p90": oh[int(0.9 * (len(oh) - 1))], "block_ms_median": statistics.median(r[1] for r in rows)}
+
+
+# Overhead rows: (drafter, strategy, v_max, DecodeConfig overrides). tau_margin=100 makes every
+# position a UFP, so cure really grafts repairs (random drafts have no natural margins to gate on).
+OVERHEAD_RUNS = [("pard", "parallel", 15, {}), ("pard", "cure", 32, {"tau_margin": 100.0}),
+                 ("pard", "cure", 64, {"tau_margin": 100.0, "max_ufps": 3}), ("pard", "ddtree", 32, {}),
+                 ("pard", "ddtree", 64, {}), ("dflash", "parallel", 15, {}),
+                 ("dflash", "cure", 64, {"tau_margin": 100.0, "max_ufps": 3}), ("dflash", "ddtree", 64, {}),
+                 ("dflash", "cure", 64, {"auto_budget": True})]
 
 
 def main(argv=None) -> dict:
@@ -134,40 +253,107 @@ def main(argv=None) -> dict:
     ap.add_argument("--ctx", type=int, default=1024, help="context tokens already in the cache")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--compile", action="store_true", help="also time static shapes + torch.compile")
+    ap.add_argument("--compile-sizes", default=None, help="tree sizes for the compiled curve (default: --sizes); "
+                    "every padded size is one compilation")
     ap.add_argument("--blocks", type=int, default=40, help="blocks per overhead measurement")
+    ap.add_argument("--lossless", type=int, default=0, metavar="N",
+                    help="first check every strategy against ar on N prompts with tiny float32 models here")
+    ap.add_argument("--lossless-only", default="", metavar="LABELS",
+                    help="comma list of lossless configurations to run (default: all), e.g. cure-compiled")
+    ap.add_argument("--stages", default="cost,tuner,overhead",
+                    help="comma list of the 8B-shape stages to run: cost (eager curves), tuner, overhead "
+                         "(--lossless and --compile add theirs)")
+    ap.add_argument("--deadline", type=float, default=None, metavar="S",
+                    help="skip the stages that would start after S seconds (the JSON records them)")
     ap.add_argument("--out", default=None, metavar="OUT.json")
     args = ap.parse_args(argv)
+    t_start = time.perf_counter()
     device = torch.device(args.device)
     dtype = torch.float32 if args.shape == "tiny" else getattr(torch, args.dtype)
     sizes = [int(s) for s in args.sizes.split(",")]
-    t_build = time.perf_counter()
-    target, draft, mask_id = build(args.shape, device, dtype)
     report = {"shape": args.shape, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
               "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-              "torch": torch.__version__, "ctx": args.ctx, "sizes": sizes, "build_s": time.perf_counter() - t_build,
-              "cost_ms": {}, "overhead": []}
-    layouts = {"dynamic": dict(kv="dynamic"), "static": dict(kv="static")}
-    if args.compile:
-        layouts["compiled"] = dict(kv="static", compile=True)
-    for name, layout in layouts.items():
-        warm = 3 if name == "compiled" else 1
-        report["cost_ms"][name] = cost_curve(target, layout, sizes, args.ctx, args.reps, warm)
-        print(f"cost {name:9}", " ".join(f"V{v}:{ms:.2f}" for v, ms in zip(sizes, report["cost_ms"][name])),
-              flush=True)
+              "torch": torch.__version__, "transformers": __import__("transformers").__version__,
+              "ctx": args.ctx, "sizes": sizes, "cost_ms": {}, "overhead": [], "skipped": [], "errors": {}}
+
+    def late() -> bool:
+        return args.deadline is not None and time.perf_counter() - t_start > args.deadline
+
+    def stage(name: str, fn) -> None:
+        """Run one stage unless past the deadline; record its error instead of losing the others."""
+        if late():
+            report["skipped"].append(name)
+            print(f"skipped {name}: past the {args.deadline:.0f} s deadline", flush=True)
+            return
+        try:
+            fn()
+        except Exception as e:                            # noqa: BLE001 -- a stage's failure is a result too
+            report["errors"][name] = f"{type(e).__name__}: {e}"
+            print(f"error in {name}: {type(e).__name__}: {e}", flush=True)
+        report["seconds"] = time.perf_counter() - t_start
+        if args.out:
+            Path(args.out).write_text(json.dumps(report, indent=2))
+
+    stages = set(args.stages.split(",")) - {""}
+    if stages - {"cost", "tuner", "overhead"}:
+        ap.error(f"unknown stages {sorted(stages - {'cost', 'tuner', 'overhead'})}; choose cost, tuner, overhead")
+    only = tuple(x for x in args.lossless_only.split(",") if x)
+    if set(only) - {label for label, _ in LOSSLESS_CONFIGS}:
+        ap.error(f"unknown lossless configurations {sorted(set(only) - {l for l, _ in LOSSLESS_CONFIGS})}")
+    if args.lossless:
+        stage("lossless", lambda: report.update(lossless=lossless(device, args.lossless, only=only)))
+    t_build = time.perf_counter()
+    target, draft, mask_id = build(args.shape, device, dtype)
+    report["build_s"] = time.perf_counter() - t_build
+
+    def curve(name: str, layout: dict, at) -> None:
+        warm = 3 if layout.get("compile") else 1
+        report["cost_ms"][name] = dict(zip(at, cost_curve(target, layout, at, args.ctx, args.reps, warm, late)))
+        print(f"cost {name:9}", " ".join(f"V{v}:{ms:.2f}" for v, ms in report["cost_ms"][name].items()), flush=True)
+
+    for name in ("dynamic", "static") if "cost" in stages else ():
+        stage(f"cost_{name}", lambda name=name: curve(name, dict(kv=name), sizes))
+
+    def tuner_curve() -> None:
+        c = measure_cost_curve(target, max_size=64, use_disk_cache=False)
+        report["tuner_curve"] = c.to_dict()
+        print("tuner curve", " ".join(f"V{v}:{ms:.2f}" for v, ms in zip(c.sizes, c.verify_ms)), flush=True)
+    if "tuner" in stages:
+        stage("tuner_curve", tuner_curve)
+
     clock = Clock(device, target, draft)
-    pair = ModelPair(target=target, drafter=PardDrafter(draft, mask_id, vocab_size=int(target.config.vocab_size)))
+    drafters = {"pard": lambda: PardDrafter(draft, mask_id, vocab_size=int(target.config.vocab_size)),
+                "dflash": lambda: dflash_drafter(target, mask_id)}
+    built: dict = {}
     prompt = torch.randint(0, int(target.config.vocab_size) - 1, (min(args.ctx, 256),),
                            generator=torch.Generator().manual_seed(1)).tolist()
-    for strategy, v_max, extra in [("parallel", 15, {}), ("cure", 32, {"tau_margin": 100.0}),
-                                   ("cure", 64, {"tau_margin": 100.0, "max_ufps": 3}), ("ddtree", 32, {}),
-                                   ("ddtree", 64, {})]:
-        cfg = DecodeConfig(strategy=strategy, v_max=v_max, max_new_tokens=10_000, stop_at_eos=False, **extra)
-        overhead(pair, clock, cfg, prompt, 3)                                  # warm-up
-        row = overhead(pair, clock, cfg, prompt, args.blocks)
-        report["overhead"].append(row)
-        print(f"overhead {strategy:8} V_max {v_max:3}: mean V {row['mean_V']:.1f}, "
-              f"{row['overhead_ms_median']:.2f} ms median (p90 {row['overhead_ms_p90']:.2f}), "
-              f"block {row['block_ms_median']:.2f} ms", flush=True)
+    for drafter, strategy, v_max, extra in OVERHEAD_RUNS if "overhead" in stages else ():
+        def one(drafter=drafter, strategy=strategy, v_max=v_max, extra=extra) -> None:
+            if drafter not in built:
+                built[drafter] = drafters[drafter]()
+                if drafter == "dflash":                  # its network and the target's embedding/head it calls
+                    clock.watch(built[drafter].model, target.get_input_embeddings(), target.lm_head)
+            pair = ModelPair(target=target, drafter=built[drafter])
+            cfg = DecodeConfig(strategy=strategy, v_max=v_max, max_new_tokens=10_000, stop_at_eos=False, **extra)
+            overhead(pair, clock, cfg, prompt, 3)                                  # warm-up
+            row = {"drafter": drafter, **overhead(pair, clock, cfg, prompt, args.blocks)}
+            report["overhead"].append(row)
+            print(f"overhead {drafter:6} {strategy:8} V_max {row['v_max']!s:4}: mean V {row['mean_V']:.1f}, "
+                  f"{row['overhead_ms_median']:.2f} ms median (p90 {row['overhead_ms_p90']:.2f}), "
+                  f"block {row['block_ms_median']:.2f} ms", flush=True)
+        stage(f"overhead_{drafter}_{strategy}_{v_max}{'_auto' if extra.get('auto_budget') else ''}", one)
+
+    clock.close()
+    built.clear()                                          # free the drafters' buffers before compiling
+    if args.compile:
+        at = [int(s) for s in args.compile_sizes.split(",")] if args.compile_sizes else sizes
+        stage("cost_compiled", lambda: curve("compiled", dict(kv="static", compile=True), at))
+        try:
+            from torch._dynamo.utils import counters
+            report["compile_counters"] = {k: dict(v) for k, v in counters.items() if k in ("inductor", "stats")}
+        except Exception:                                  # noqa: BLE001 -- diagnostics only
+            pass
+    report["seconds"] = time.perf_counter() - t_start
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2))
         print(f"wrote {args.out}")

@@ -103,10 +103,15 @@ class CachedLM:
         if compile and is_packed(model):
             raise ValueError("--compile cannot trace packed CPU layers (inductor packs weights itself); "
                              "load the model with --kernels eager")
+        self.graphs = compile and self.device.type == "cuda"     # compiled forwards replay CUDA graphs
         if compile:
             # On a GPU "reduce-overhead" replays CUDA graphs: one per padded size.
-            mode = "reduce-overhead" if self.device.type == "cuda" else "default"
+            mode = "reduce-overhead" if self.graphs else "default"
             self.run = torch.compile(model, mode=mode, dynamic=False)
+            # Rule: every padded size is one compilation (x2 with hidden states, per model); past dynamo's
+            # recompile limit (8) it would silently fall back to eager forwards.
+            dyn = torch._dynamo.config
+            dyn.recompile_limit = max(dyn.recompile_limit, 64)
         self.capacity = 0
         self.cache = None
         self.reset(capacity)
@@ -123,6 +128,14 @@ class CachedLM:
                 n_layers = int(self.config.num_hidden_layers)
                 self.capacity = need
                 self.cache = Cache(layers=[RowLayer(need, full=self.static_shapes) for _ in range(n_layers)])
+                if self.static_shapes:
+                    # Rule: compiled forwards need the K/V buffers allocated OUTSIDE the graph. Allocated
+                    # lazily inside it, they would live in the CUDA-graph pool (overwritten by the next
+                    # replay) and miss mark_static_address (cudagraphs skipped: "mutated inputs").
+                    cfg, p = self.config, next(self.model.parameters())
+                    heads = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
+                    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+                    self.cache.early_initialization(1, heads, head_dim, p.dtype, self.device)
             for layer in self.cache.layers:
                 layer.set_used(0)
         self.committed = 0                              # tokens of verified context in the cache
@@ -174,7 +187,13 @@ class CachedLM:
             mask[dummy, end - n + dummy] = True
             toks += [toks[-1]] * (n_pad - n)
         ids = torch.tensor([toks], dtype=torch.long, device=self.device)
-        out = self.run(input_ids=ids, attention_mask=mask[None, None].to(self.device),
+        # Rule: only tree-sized forwards (<= PAD_SIZES[-1] nodes) run compiled; a prefill runs eagerly
+        # (into the same buffers), so prompt lengths never add compilations.
+        run = self.run if n_pad <= PAD_SIZES[-1] else self.model
+        graphs = self.graphs and run is self.run
+        if graphs:
+            torch.compiler.cudagraph_mark_step_begin()       # the previous replay's outputs are dead
+        out = run(input_ids=ids, attention_mask=mask[None, None].to(self.device),
                        position_ids=pos[None].to(self.device), cache=self.cache, use_cache=True,
                        output_hidden_states=bool(self.hidden_layers))
         if self.kv == "static":
@@ -185,11 +204,14 @@ class CachedLM:
                     layer.used = end                         # update() already advanced cumulative_length
         hidden = None
         if self.hidden_layers:
-            hidden = torch.cat([out.hidden_states[i][0, :n] for i in self.hidden_layers], dim=-1)
+            hidden = torch.cat([out.hidden_states[i][0, :n] for i in self.hidden_layers], dim=-1)   # a copy
+        logits = out.logits[0, :n].float()                   # [N, V]
+        if graphs:
+            logits = logits.clone()                          # CUDA-graph outputs are overwritten by the next replay
         self.scratch_tokens.extend(int(t) for t in tokens)
         self.scratch_depth = all_depth
         self.scratch_anc = anc
-        return Forward(logits=out.logits[0, :n].float(), hidden=hidden, nodes=list(range(s_old, s_old + n)))
+        return Forward(logits=logits, hidden=hidden, nodes=list(range(s_old, s_old + n)))
 
     def prefill(self, ids: Sequence[int]) -> Forward | None:
         """Forward a chain of tokens and commit it."""

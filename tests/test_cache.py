@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from cure_core.lm import CachedLM, padded_size
+from cure_core.lm import PAD_SIZES, CachedLM, padded_size
 from cure_core.tree import DraftTree
 
 LAYOUTS = [dict(kv="dynamic"), dict(kv="static"), dict(kv="static", static_shapes=True)]
@@ -96,3 +96,28 @@ def test_static_cache_grows_but_static_shapes_refuse_to_overflow(target):
 
 def test_padded_sizes():
     assert [padded_size(n) for n in (1, 3, 16, 17, 64, 65, 129)] == [1, 4, 16, 24, 64, 96, 256]
+
+
+def test_compiled_forwards_keep_graph_safe_buffers_and_run_prefills_eagerly(target):
+    """--compile rules that a GPU depends on (CUDA graphs cannot be exercised on this CPU):
+    the K/V buffers exist before the first forward (allocated inside a graph they would live in its
+    pool), only tree-sized forwards (<= the largest padded size) go through the compiled function,
+    and dynamo may compile every padded size instead of falling back to eager after 8."""
+    lm = CachedLM(target, kv="static", compile=True, capacity=512)
+    heads, head_dim = target.config.num_key_value_heads, target.config.head_dim
+    for layer in lm.cache.layers:
+        assert layer.is_initialized and tuple(layer.keys.shape) == (1, heads, 512, head_dim)
+    assert torch._dynamo.config.recompile_limit >= 2 * len(PAD_SIZES)
+    compiled_calls = []
+    compiled = lm.run
+    lm.run = lambda **kw: compiled_calls.append(kw["input_ids"].shape[1]) or target(**kw)
+    torch.manual_seed(0)
+    ctx = torch.randint(0, 256, (200,)).tolist()
+    lm.prefill(ctx)                                          # 200 nodes: eager, into the same buffers
+    assert compiled_calls == []
+    fwd = lm.forward([7, 8, 9], [-1, 0, 0])                 # a tree: compiled, padded to 4 nodes
+    assert compiled_calls == [padded_size(3)]
+    with torch.no_grad():
+        fresh = target(torch.tensor([ctx + [7, 8]])).logits[0, -1]
+    assert torch.allclose(fwd.logits[1], fresh, atol=1e-4)
+    lm.run = compiled
