@@ -71,9 +71,9 @@ class RowLayer(StaticLayer):
             self.cumulative_length.fill_(n)
 
     def keep_rows(self, start: int, src: torch.Tensor) -> None:
-        """Rows src (ascending, all >= start) move down to start.. in place; the rest is dropped."""
+        """Rows src (ascending, all >= start; on this layer's device) move down to start.. in place; the
+        rest is dropped."""
         if self.is_initialized and len(src):
-            src = src.to(self.device)
             self.keys[:, :, start:start + len(src)] = self.keys.index_select(2, src)
             self.values[:, :, start:start + len(src)] = self.values.index_select(2, src)
         self.set_used(start + len(src))
@@ -237,8 +237,10 @@ class CachedLM:
             self._crop(self.committed + len(keep))
         elif self.kv == "static":
             src = torch.tensor([self.committed + i for i in keep], dtype=torch.long)
+            on: dict = {}                                           # one copy per device, not one per layer
             for layer in self.cache.layers:
-                layer.keep_rows(self.committed, src)
+                dev = layer.keys.device if layer.is_initialized else src.device
+                layer.keep_rows(self.committed, on.setdefault(dev, src.to(dev)))
         else:
             idx = torch.tensor(list(range(self.committed)) + [self.committed + i for i in keep], dtype=torch.long)
             on: dict = {}                                           # idx per device (device_map spreads layers)
