@@ -34,7 +34,7 @@ import torch
 
 from .block import Block
 from .cpu_kernels import MIN_ROWS, is_packed
-from .lm import CachedLM
+from .lm import CachedLM, padded_size
 
 SIZES = (0, 1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 
@@ -59,13 +59,14 @@ class CostCurve:
         return {"sizes": list(self.sizes), "verify_ms": list(self.verify_ms)}
 
 
-def _model_key(model, ctx_len: int) -> str:
+def _model_key(model, ctx_len: int, kv: str = "dynamic", compile: bool = False) -> str:
     p = next(model.parameters())
     name = getattr(model.config, "_name_or_path", "") or model.config.model_type
     n = sum(x.numel() for x in model.parameters())
     kernels = f"packed{MIN_ROWS}" if is_packed(model) else "eager"   # the row padding changes the curve's low end
+    path = f"{kv}-compiled" if compile else kv                      # CUDA graphs flatten a GPU's curve 4x
     return (f"{name}|{n}|{p.device}|{p.dtype}|ctx{ctx_len}|torch{torch.__version__}|threads{torch.get_num_threads()}"
-            f"|{kernels}")
+            f"|{kernels}|{path}")
 
 
 def _cache_file() -> Path:
@@ -75,9 +76,12 @@ def _cache_file() -> Path:
 
 @torch.inference_mode()
 def measure_cost_curve(model, max_size: int = 64, ctx_len: int = 128, repeats: int = 2,
-                       use_disk_cache: bool = True) -> CostCurve:
-    """Time target forwards over a root + V chain on a random context of ctx_len tokens."""
-    key = _model_key(model, ctx_len)
+                       use_disk_cache: bool = True, kv: str = "dynamic", compile: bool = False) -> CostCurve:
+    """Time target forwards over a root + V chain on a random context of ctx_len tokens.
+    Rule: measure through the execution path the engine will decode with (KV layout, compiled or
+    not): on a GPU, compiled forwards replay CUDA graphs at a quarter of the eager time, and the
+    eager curve is launch-bound noise (benchmarks/results, gpu_h200)."""
+    key = _model_key(model, ctx_len, kv, compile)
     path = _cache_file()
     if use_disk_cache and path.exists():
         try:
@@ -90,7 +94,7 @@ def measure_cost_curve(model, max_size: int = 64, ctx_len: int = 128, repeats: i
     vocab = int(model.config.vocab_size)
     gen = torch.Generator().manual_seed(0)
     ctx = torch.randint(0, vocab, (ctx_len,), generator=gen).tolist()
-    lm = CachedLM(model)
+    lm = CachedLM(model, kv=kv, compile=compile, capacity=ctx_len + padded_size(max_size + 1) + 2)
     lm.prefill(ctx)
     device = lm.device
     times = []

@@ -68,7 +68,7 @@ class Engine:
 
     def _make_tuner(self) -> BudgetTuner:
         cfg = self.cfg
-        curve = measure_cost_curve(self.pair.target, max_size=cfg.v_max)
+        curve = measure_cost_curve(self.pair.target, max_size=cfg.v_max, kv=cfg.kv_cache, compile=cfg.compile)
         # Budget 0 skips drafting (a plain ar step: where verifying even 2 tokens costs more than the
         # drafts win back, e.g. a CPU); budgets up to K-1 shorten the block itself (branch 0 stays whole,
         # just shorter: a smaller K); larger ones leave room for repair branches (tree strategies only).

@@ -131,6 +131,8 @@ def build_ddtree(cfg: DecodeConfig, proposal: Proposal) -> DraftTree:
     while heap and len(tree) < cfg.v_max:
         neg, _, parent, depth, rank = heapq.heappop(heap)
         score = -neg
+        if score == float("-inf"):                           # an impossible candidate, and all after it
+            break
         if rank + 1 < k:                                     # the next sibling candidate
             parent_score = score - logp[depth - 1][rank]
             heapq.heappush(heap, (-(parent_score + logp[depth - 1][rank + 1]), tie, parent, depth, rank + 1))

@@ -306,3 +306,21 @@ def test_budget_tuner_warms_up_with_the_largest_tree_costing_two_tokens():
     linear = BudgetTuner(CostCurve((0, 1, 64), (100.0, 200.0, 6500.0)), cands)
     assert cpu.warmup_budget == 16 and gpu.warmup_budget == 64 and linear.warmup_budget == 1
     assert [cpu.choose() for _ in range(cpu.warmup)] == [16] * cpu.warmup
+
+
+def test_the_tuner_measures_its_curve_through_the_engines_own_execution_path(pair, monkeypatch):
+    """The cost curve is timed with the KV layout and compile setting the engine decodes with (on a
+    GPU, CUDA graphs make a forward ~4x cheaper than eager), and cached under a key that says so."""
+    import cure_core.engine as engine_mod
+    from cure_core.budget import CostCurve, _model_key
+    seen = []
+
+    def fake(model, **kw):
+        seen.append(kw)
+        return CostCurve((0, 1, 4), (10.0, 10.0, 12.0))
+    monkeypatch.setattr(engine_mod, "measure_cost_curve", fake)
+    for kv, compile in (("static", False), ("dynamic", False), ("static", True)):
+        Engine(pair, DecodeConfig(strategy="cure", auto_budget=True, kv_cache=kv, compile=compile))._make_tuner()
+        assert seen[-1]["kv"] == kv and seen[-1]["compile"] == compile
+    keys = {_model_key(pair.target, 128, kv, c) for kv, c in (("static", False), ("dynamic", False), ("static", True))}
+    assert len(keys) == 3

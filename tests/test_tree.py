@@ -177,6 +177,16 @@ def test_ddtree_best_first_within_budget(v_max):
             assert score[tree.parents[i]] >= score[i]
 
 
+def test_ddtree_never_grafts_an_impossible_candidate():
+    """Candidates with log-prob -inf (outside a draft vocabulary, or masked out) never enter the tree,
+    even when the budget has room left for them."""
+    p = proposal([1, 2, 3], [0.5, 0.5, 0.5], k=4)
+    p.top_logprobs[:, 2:] = float("-inf")
+    tree = build_ddtree(DecodeConfig(strategy="ddtree", k=4, v_max=40), p)
+    allowed = {t for row in p.top_ids[:, :2].tolist() for t in row}
+    assert set(tree.tokens) <= allowed and len(tree) == 2 + 4 + 6       # 2 per node; beam + 1 = 6 per depth
+
+
 @pytest.mark.parametrize("bad", [dict(k=1), dict(v_max=3), dict(b_min=4, b_max=2), dict(strategy="nope"),
                                  dict(beam=0), dict(temperature=-1), dict(top_k=3)])
 def test_invalid_config_is_refused(bad):
