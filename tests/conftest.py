@@ -1,5 +1,9 @@
 """Shared fixtures: tiny random models built in-process (no downloads)."""
+import contextlib
+import importlib.util
 import os
+import sys
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -47,3 +51,18 @@ def make_pair(target, draft_model, eos_ids=(), max_context=None):
 @pytest.fixture(scope="session")
 def pair(target, drafts):
     return make_pair(target, drafts["mild"])
+
+
+@contextlib.contextmanager
+def benchmark_script(name: str):
+    """benchmarks/<name>.py imported as a module for the duration (registered in sys.modules, where
+    dataclasses look their module up), then forgotten."""
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"cure_bench_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    try:
+        spec.loader.exec_module(mod)
+        yield mod
+    finally:
+        sys.modules.pop(spec.name, None)

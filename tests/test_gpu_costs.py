@@ -1,20 +1,10 @@
 """Smoke run of benchmarks/gpu_costs.py at the tiny shape on the CPU (the real run wants a GPU)."""
-import importlib.util
-import sys
-from pathlib import Path
-
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_costs.py"
+from conftest import benchmark_script
 
 
 def run_script(argv):
-    spec = importlib.util.spec_from_file_location("cure_bench_gpu_costs", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    try:
-        spec.loader.exec_module(mod)
+    with benchmark_script("gpu_costs") as mod:
         return mod.main(argv)
-    finally:
-        sys.modules.pop(spec.name, None)
 
 
 def test_tiny_shape_smoke(tmp_path):

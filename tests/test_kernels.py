@@ -158,18 +158,9 @@ def test_cli_kernels_flag_reports_and_refuses(tiny_dirs):
 
 def test_cpu_kernels_benchmark_smoke(tmp_path):
     """benchmarks/cpu_kernels.py on a tiny model: both curves, ratios to the one-token step, JSON out."""
-    import importlib.util
-    import sys
-    from pathlib import Path
-    script = Path(__file__).resolve().parent.parent / "benchmarks" / "cpu_kernels.py"
-    spec = importlib.util.spec_from_file_location("cure_bench_cpu_kernels", script)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    try:
-        spec.loader.exec_module(mod)
+    from conftest import benchmark_script
+    with benchmark_script("cpu_kernels") as mod:
         rep = mod.main(["--tiny", "--sizes", "1,4", "--reps", "2", "--ctx", "16", "--out", str(tmp_path / "k.json")])
-    finally:
-        sys.modules.pop(spec.name, None)
     assert set(rep["curves"]) == {"eager", "packed"}
     for curve in rep["curves"].values():
         assert curve["x_one_token"]["1"] == 1.0 and curve["ms"]["4"] > 0

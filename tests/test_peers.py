@@ -1,22 +1,15 @@
 """Smoke test of benchmarks/peers.py on in-process tiny models: JSON schema and lossless outputs."""
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "peers.py"
+from conftest import benchmark_script
 
 
 @pytest.fixture(scope="module")
 def peers():
-    spec = importlib.util.spec_from_file_location("cure_bench_peers", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod                          # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    yield mod
-    sys.modules.pop(spec.name, None)
+    with benchmark_script("peers") as mod:
+        yield mod
 
 
 @pytest.fixture(scope="module")

@@ -1,26 +1,11 @@
 """benchmarks/tree_shapes.py: offline replay of tree shapes on recorded blocks (tiny models)."""
-import importlib.util
-import sys
-from pathlib import Path
-
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "tree_shapes.py"
-
-
-def load():
-    spec = importlib.util.spec_from_file_location("cure_bench_tree_shapes", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+from conftest import benchmark_script
 
 
 def test_replay_reproduces_the_engine_and_orders_the_shapes(tmp_path):
-    mod = load()
-    try:
+    with benchmark_script("tree_shapes") as mod:
         rep = mod.main(["--tiny", "--max-new-tokens", "24", "--budgets", "1,2,4,8,64",
                         "--json", str(tmp_path / "shapes.json")])
-    finally:
-        sys.modules.pop("cure_bench_tree_shapes", None)
     n = rep["blocks"]
     assert n > 10
     # The replay is exact: the recorded ddtree rebuilt from its proposal accepts what the engine
@@ -40,13 +25,10 @@ def test_replay_reproduces_the_engine_and_orders_the_shapes(tmp_path):
 
 def test_accept_walks_the_known_truth_and_flags_censoring():
     from cure_core.tree import DraftTree
-    mod = load()
-    try:
-        tree = DraftTree()
-        tree.add_path([5, 6, 7], branch=0)
-        tree.add_path([5, 9], branch=1)
+    tree = DraftTree()
+    tree.add_path([5, 6, 7], branch=0)
+    tree.add_path([5, 9], branch=1)
+    with benchmark_script("tree_shapes") as mod:
         assert mod.accept(tree, (5, 9)) == (2, False)        # the repair path, to its leaf
         assert mod.accept(tree, (5, 6)) == (2, True)         # node 6 has a child past the known truth
         assert mod.accept(tree, (4,)) == (0, False)
-    finally:
-        sys.modules.pop("cure_bench_tree_shapes", None)
