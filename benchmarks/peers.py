@@ -153,7 +153,7 @@ def load_setup(args) -> Setup:
         tdir, ddir = save_tiny_pair(Path(tmp.name))
         # the perturbed copy serves as both the PARD block drafter and the AR draft model
         loaded = load_pair(str(tdir), str(ddir), drafter="pard", ar_draft=str(ddir), device=args.device,
-                           dtype=args.dtype, kernels=args.kernels)
+                           dtype=args.dtype, kernels=args.kernels, draft_vocab=args.draft_vocab)
         problems = [(tid, text) for tid, text in TINY_PROMPTS[: args.limit]]
         models = {"target": "tiny (in-process, random)", "draft": "tiny perturbed copy (PARD)",
                   "ar_draft": "tiny perturbed copy", "drafter": "pard"}
@@ -167,7 +167,7 @@ def load_setup(args) -> Setup:
         if args.draft and args.drafter == "ar" and args.ar_draft is None:
             ar_draft = None               # load_pair makes the --draft model the AR draft as well
         loaded = load_pair(args.target, args.draft, drafter=args.drafter, ar_draft=ar_draft, device=args.device,
-                           dtype=args.dtype, kernels=args.kernels)
+                           dtype=args.dtype, kernels=args.kernels, draft_vocab=args.draft_vocab)
         problems = [(p.task_id, p.prompt) for p in load_humaneval(args.limit)]
         models = {"target": args.target, "draft": args.draft, "ar_draft": ar_draft or
                   (args.draft if args.drafter == "ar" else None), "drafter": loaded.drafter_kind or args.drafter}
@@ -436,6 +436,9 @@ def parse_args(argv: Sequence[str] | None):
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--draft-vocab", type=int, default=0, metavar="N",
+                    help="causal drafters (PARD, AR, --ar-draft) propose only ids < N plus the context's; "
+                         "0 = the whole vocabulary (DFlash drafters use their checkpoint's)")
     ap.add_argument("--kernels", default="auto", choices=("auto", "packed", "eager"),
                     help="CPU float32 matmuls for every model, HF methods included (cure_core/cpu_kernels.py)")
     ap.add_argument("--tiny", action="store_true", help="in-process tiny random models (fast smoke run)")
@@ -509,7 +512,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     report = _clean({
         "schema": SCHEMA,
         "environment": env,
-        "config": {"tiny": args.tiny, "limit": args.limit, "max_new_tokens": args.max_new_tokens, "k": args.k,
+        "config": {"draft_vocab": args.draft_vocab, "tiny": args.tiny, "limit": args.limit, "max_new_tokens": args.max_new_tokens, "k": args.k,
                    "v_max": args.v_max, "strategies": parse_list(args.strategies), "hf": parse_list(args.hf),
                    "warmup_tokens": warm, "temperature": 0.0, "prompt_encoding": "raw",
                    "dataset": "tiny built-in" if args.tiny else "humaneval"},

@@ -27,7 +27,7 @@ from .bench import report, stats
 from .bench.runner import (BenchPrompt, PairResult, ProgressLog, build_runs, interleave, parse_list,
                            run_interleaved, warm_up)
 from .bench.scoring import REFUSAL, Scorer, needs_exec, summarize_scores
-from .common import (LoggedProgress, BMax, Compile, KVCache, Kernels, DType, Device, DeviceMap, Draft, DrafterKind, K, MaskTokenId, MaxNew, Seed, Target,
+from .common import (DraftVocabN, resolve_draft_vocab, LoggedProgress, BMax, Compile, KVCache, Kernels, DType, Device, DeviceMap, Draft, DrafterKind, K, MaskTokenId, MaxNew, Seed, Target,
                      TauMargin, Temperature, VMax, decode_config, drafter_block_size, err_console, fail, friendly_errors, load_kernels,
                      quiet_transformers)
 from .defaults import AR_DRAFT_FOR, default_models
@@ -110,6 +110,7 @@ def bench(
     kv_cache: KVCache = "static",
     compile: Compile = False,
     kernels: Kernels = "auto",
+    draft_vocab: DraftVocabN = "auto",
     device: Device = "cpu",
     dtype: DType = "float32",
     device_map: DeviceMap = None,
@@ -170,15 +171,16 @@ def bench(
     ar_given = ar_draft is not None
     ar_arg = None if ar_name == draft else ar_name
     kernels = load_kernels(kernels, compile)
+    draft_vocab = resolve_draft_vocab(draft_vocab, device, device_map)     # "auto" -> a number of ids
     try:
         loaded = load_pair(target, draft, drafter=drafter, mask_token_id=mask_token_id, ar_draft=ar_arg,
-                           device=device, dtype=dtype, device_map=device_map, kernels=kernels)
+                           device=device, dtype=dtype, device_map=device_map, kernels=kernels, draft_vocab=draft_vocab)
     except ModelLoadError as e:
         if ar_arg is None or ar_given:
             raise
         # the default AR draft is not installed: run everything else
         loaded = load_pair(target, draft, drafter=drafter, mask_token_id=mask_token_id, device=device,
-                           dtype=dtype, device_map=device_map, kernels=kernels)
+                           dtype=dtype, device_map=device_map, kernels=kernels, draft_vocab=draft_vocab)
         notes.append(f"default AR draft {ar_name!r} unavailable ({e}); 'sd' skipped")
         ar_name = None
     pair = loaded.pair
@@ -192,7 +194,10 @@ def bench(
         from cure_core.models import apply_kernels, load_model
         model, _ = load_model(ar_name, device if not device_map else str(next(pair.target.parameters()).device), dtype)
         apply_kernels(loaded.kernels, [model])          # the same kernels as the rest of the pair
-        pair.ar_drafter = ArDrafter(model, vocab_size=len(loaded.tokenizer))
+        from cure_core.drafters.vocab import lowest_ids
+        vocab = len(loaded.tokenizer)
+        pair.ar_drafter = ArDrafter(model, vocab_size=vocab,
+                                    draft_vocab=lowest_ids(min(draft_vocab, vocab)) if draft_vocab else None)
     if pair.ar_drafter is not None and want_sd:
         pair.names.setdefault("ar_draft", ar_name or draft)
     engines = {}

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .common import (BMax, Compile, KVCache, Kernels, DType, Device, DeviceMap, Draft, DrafterKind, K, MaskTokenId, MaxNew, Seed, Strategy,
+from .common import (DraftVocabN, resolve_draft_vocab, BMax, Compile, KVCache, Kernels, DType, Device, DeviceMap, Draft, DrafterKind, K, MaskTokenId, MaxNew, Seed, Strategy,
                      Target, TauMargin, Temperature, VMax, decode_config, drafter_block_size, err_console, fail, friendly_errors, load_kernels,
                      quiet_transformers)
 from .defaults import default_models
@@ -36,6 +36,7 @@ def chat(
     kv_cache: KVCache = "static",
     compile: Compile = False,
     kernels: Kernels = "auto",
+    draft_vocab: DraftVocabN = "auto",
     device: Device = "cpu",
     dtype: DType = "float32",
     device_map: DeviceMap = None,
@@ -67,7 +68,8 @@ def chat(
         err_console.print(f"[dim]loading {target}{' + ' + draft if draft else ''}…[/]")
         loaded = load_pair(target, draft, drafter=drafter, mask_token_id=mask_token_id,
                            device=device, dtype=dtype, device_map=device_map,
-                           kernels=load_kernels(kernels, compile))
+                           kernels=load_kernels(kernels, compile),
+                           draft_vocab=resolve_draft_vocab(draft_vocab, device, device_map))
         if k is None and (trained := drafter_block_size(loaded.pair)):
             cfg = cfg.with_(k=trained)                   # draft the block length the drafter was trained for
         engine = ModelEngine(loaded, chat=chat_template)   # a PARD drafter doubles as the `sd` chain drafter

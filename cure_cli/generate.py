@@ -11,7 +11,7 @@ import typer
 from cure_core.metrics import summarize
 from cure_core.trace import TraceWriter
 
-from .common import (BMax, Compile, KVCache, Kernels, DType, Device, DeviceMap, Draft, DrafterKind, K, MaskTokenId, MaxNew, Seed, Strategy,
+from .common import (DraftVocabN, resolve_draft_vocab, BMax, Compile, KVCache, Kernels, DType, Device, DeviceMap, Draft, DrafterKind, K, MaskTokenId, MaxNew, Seed, Strategy,
                      Target, TauMargin, Temperature, VMax, decode_config, drafter_block_size, err_console, fail, friendly_errors, load_kernels,
                      quiet_transformers)
 from .defaults import default_models
@@ -58,6 +58,7 @@ def generate(
     kv_cache: KVCache = "static",
     compile: Compile = False,
     kernels: Kernels = "auto",
+    draft_vocab: DraftVocabN = "auto",
     device: Device = "cpu",
     dtype: DType = "float32",
     device_map: DeviceMap = None,
@@ -78,9 +79,10 @@ def generate(
     if strategy_note:
         err_console.print(f"[yellow]note:[/] {strategy_note.message}")
         cfg = cfg.with_(strategy=strategy_note.strategy)
+    draft_vocab = resolve_draft_vocab(draft_vocab, device, device_map)     # "auto" -> a number of ids
     loaded = load_pair(target, draft, drafter=drafter, mask_token_id=mask_token_id,
                        ar_draft=draft if cfg.strategy == "sd" else None, device=device, dtype=dtype,
-                       device_map=device_map, kernels=load_kernels(kernels, compile))
+                       device_map=device_map, kernels=load_kernels(kernels, compile), draft_vocab=draft_vocab)
     if k is None and (trained := drafter_block_size(loaded.pair)):
         cfg = cfg.with_(k=trained)                       # draft the block length the drafter was trained for
     tok = loaded.tokenizer
@@ -118,6 +120,7 @@ def generate(
                       "blocks": stats.blocks, "new_tokens": stats.new_tokens,
                       "repair_win_rate": stats.repair_win_rate, "mean_tree_size": stats.mean_tree_size},
             "kernels": loaded.kernels,
+            "draft_vocab": draft_vocab,
         }))
         return
     sys.stdout.write(stream.flush() + "\n")

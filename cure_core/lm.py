@@ -81,14 +81,15 @@ class RowLayer(StaticLayer):
 
 @dataclass(frozen=True)
 class Forward:
-    logits: torch.Tensor            # [N, V] float32, one row per new node
+    logits: torch.Tensor | None     # [N, V] float32, one row per new node; None without the head
+    last: torch.Tensor | None       # [N, H] the decoder's output (before the head); only without the head
     hidden: torch.Tensor | None     # [N, L*H] selected layers' hidden states, concatenated; None if not asked
     nodes: list[int]                # scratch indices given to the new nodes
 
 
 class CachedLM:
     def __init__(self, model, hidden_layers: Sequence[int] = (), kv: str = "dynamic",
-                 static_shapes: bool = False, compile: bool = False, capacity: int = 1024):
+                 static_shapes: bool = False, compile: bool = False, capacity: int = 1024, head: bool = True):
         if kv not in KV_LAYOUTS:
             raise ValueError(f"unknown KV cache layout {kv!r}; choose one of {', '.join(KV_LAYOUTS)}")
         if (static_shapes or compile) and kv != "static":
@@ -99,7 +100,13 @@ class CachedLM:
         self.hidden_layers = tuple(hidden_layers)   # hidden_states indices to return (0 = embeddings)
         self.kv = kv
         self.static_shapes = static_shapes or compile   # compiled graphs want a few fixed shapes
-        self.run = model
+        # head=False: forwards stop at the decoder's output (`Forward.last`), for a caller that applies
+        # its own head over a few rows (a drafter's DraftVocab), instead of V logits for every node.
+        if not head and compile:
+            raise ValueError("compile runs the whole model, head included")
+        self.head = head
+        self.eager = model if head else model.get_decoder()
+        self.run = self.eager
         if compile and is_packed(model):
             raise ValueError("--compile cannot trace packed CPU layers (inductor packs weights itself); "
                              "load the model with --kernels eager")
@@ -189,7 +196,7 @@ class CachedLM:
         ids = torch.tensor([toks], dtype=torch.long, device=self.device)
         # Rule: only tree-sized forwards (<= PAD_SIZES[-1] nodes) run compiled; a prefill runs eagerly
         # (into the same buffers), so prompt lengths never add compilations.
-        run = self.run if n_pad <= PAD_SIZES[-1] else self.model
+        run = self.run if n_pad <= PAD_SIZES[-1] else self.eager
         graphs = self.graphs and run is self.run
         if graphs:
             torch.compiler.cudagraph_mark_step_begin()       # the previous replay's outputs are dead
@@ -205,13 +212,17 @@ class CachedLM:
         hidden = None
         if self.hidden_layers:
             hidden = torch.cat([out.hidden_states[i][0, :n] for i in self.hidden_layers], dim=-1)   # a copy
-        logits = out.logits[0, :n].float()                   # [N, V]
-        if graphs:
-            logits = logits.clone()                          # CUDA-graph outputs are overwritten by the next replay
+        logits, last = None, None
+        if self.head:
+            logits = out.logits[0, :n].float()               # [N, V]
+            if graphs:
+                logits = logits.clone()                      # CUDA-graph outputs are overwritten by the next replay
+        else:
+            last = out.last_hidden_state[0, :n]              # [N, H]
         self.scratch_tokens.extend(int(t) for t in tokens)
         self.scratch_depth = all_depth
         self.scratch_anc = anc
-        return Forward(logits=logits, hidden=hidden, nodes=list(range(s_old, s_old + n)))
+        return Forward(logits=logits, last=last, hidden=hidden, nodes=list(range(s_old, s_old + n)))
 
     def prefill(self, ids: Sequence[int]) -> Forward | None:
         """Forward a chain of tokens and commit it."""

@@ -9,6 +9,7 @@ import torch
 from .cpu_kernels import KERNELS, pack_linears, resolve_kernels
 from .drafters.causal import ArDrafter, PardDrafter
 from .drafters.dflash import is_dflash_config, load_dflash
+from .drafters.vocab import lowest_ids
 from .engine import ModelPair
 from .errors import ModelLoadError
 
@@ -134,16 +135,22 @@ def _draft_folder_config(name: str) -> tuple[str, dict | None]:
 
 def load_pair(target: str, draft: str | None = None, *, drafter: str = "auto", mask_token_id: int | None = None,
               ar_draft: str | None = None, device: str = "cpu", dtype: str = "float32",
-              device_map: str | None = None, kernels: str = "auto") -> LoadedPair:
+              device_map: str | None = None, kernels: str = "auto", draft_vocab: int = 0) -> LoadedPair:
+    """The target, its tokenizer and the drafters a decode needs. `draft_vocab` N > 0 limits causal
+    drafters' heads (PARD, AR, the --ar-draft model) to ids < N plus the context's (DraftVocab);
+    a DFlash drafter uses the vocabulary saved in its checkpoint, if any."""
     if drafter not in DRAFTER_KINDS:
         raise ModelLoadError(f"unknown drafter kind {drafter!r}; choose one of {', '.join(DRAFTER_KINDS)}")
     if kernels not in KERNELS:
         raise ModelLoadError(f"unknown kernels {kernels!r}; choose one of {', '.join(KERNELS)}")
     if kernels == "packed" and device_map:
         raise ModelLoadError("--kernels packed does not combine with --device-map (accelerate's hooks)")
+    if draft_vocab < 0:
+        raise ModelLoadError(f"--draft-vocab must be >= 0 (0: the whole vocabulary), got {draft_vocab}")
     tmodel, tpath = load_model(target, device, dtype, device_map)
     tok = load_tokenizer(tpath)
     vocab = len(tok)
+    low = lowest_ids(min(draft_vocab, vocab)) if draft_vocab else None
     names = {"target": target}
     block_drafter, ar_drafter, kind = None, None, None
     models = [tmodel]                                   # every network a decode runs (packed together)
@@ -164,14 +171,14 @@ def load_pair(target: str, draft: str | None = None, *, drafter: str = "auto", m
         kind, mask_token_id = detect_drafter(dmodel, drafter, mask_token_id)
         models.append(dmodel)
         if kind == "pard":
-            block_drafter = PardDrafter(dmodel, mask_token_id, vocab_size=vocab)
+            block_drafter = PardDrafter(dmodel, mask_token_id, vocab_size=vocab, draft_vocab=low)
         else:
-            block_drafter = ar_drafter = ArDrafter(dmodel, vocab_size=vocab)
+            block_drafter = ar_drafter = ArDrafter(dmodel, vocab_size=vocab, draft_vocab=low)
         names["draft"] = draft
     if ar_draft:
         amodel, apath = load_model(ar_draft, draft_device, dtype)
         check_tokenizers_match(tok, load_tokenizer(apath, required=False), ar_draft)
-        ar_drafter = ArDrafter(amodel, vocab_size=vocab)
+        ar_drafter = ArDrafter(amodel, vocab_size=vocab, draft_vocab=low)
         names["ar_draft"] = ar_draft
         models.append(amodel)
     packed = apply_kernels(kernels if not device_map else "eager", models)

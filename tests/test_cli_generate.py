@@ -27,7 +27,8 @@ def test_json_output_is_one_object_and_lossless(tiny_dirs, tmp_path):
                 "--json", "--trace", tmp_path / f"{strategy}.jsonl")
         assert r.exit_code == 0, r.output
         obj = json.loads(r.stdout)
-        assert set(obj) == {"text", "token_ids", "strategy", "stats", "kernels"}
+        assert set(obj) == {"text", "token_ids", "strategy", "stats", "kernels", "draft_vocab"}
+        assert obj["draft_vocab"] == 16384                   # --draft-vocab auto on a CPU
         assert set(obj["stats"]) == {"tau", "tpot_ms", "tokens_per_s", "blocks", "new_tokens",
                                      "repair_win_rate", "mean_tree_size"}
         assert obj["stats"]["new_tokens"] == len(obj["token_ids"]) == 24
@@ -49,6 +50,8 @@ def test_streams_text_then_stats_line(tiny_dirs):
     (["--v-max", "3"], "v_max"),
     (["--strategy", "fast"], "unknown strategy"),
     (["--drafter", "magic"], "unknown drafter"),
+    (["--draft-vocab", "-3"], "--draft-vocab"),
+    (["--draft-vocab", "lots"], "--draft-vocab"),
 ])
 def test_bad_input_is_one_clear_line(tiny_dirs, args, expect):
     t, d = tiny_dirs
@@ -90,3 +93,25 @@ def test_pard_without_mask_token_is_refused(tiny_dirs, tmp_path):
     tiny_target(seed=2).save_pretrained(plain)
     r = gen("hello", "--target", t, "--draft", plain, "--drafter", "pard")
     assert r.exit_code != 0 and "mask token" in r.stderr
+
+
+def test_a_causal_draft_vocabulary_changes_the_drafts_not_the_output(tiny_dirs):
+    """--draft-vocab N: the PARD drafter proposes ids < N plus the context's; same tokens as ar."""
+    t, d = tiny_dirs
+    outs = {}
+    for n in ("0", "100"):
+        for strategy in ("ar", "cure", "sd"):
+            r = gen("def f(x):", "--target", t, "--draft", d, "--raw", "-n", 20, "--k", 6, "--strategy", strategy,
+                    "--draft-vocab", n, "--json")
+            assert r.exit_code == 0, r.output
+            obj = json.loads(r.stdout)
+            assert obj["draft_vocab"] == int(n)
+            outs[(n, strategy)] = obj["token_ids"]
+    assert len({tuple(v) for v in outs.values()}) == 1
+
+
+def test_draft_vocab_auto_is_a_cpu_default():
+    from cure_cli.common import CPU_DRAFT_VOCAB, resolve_draft_vocab
+    assert resolve_draft_vocab("auto", "cpu") == CPU_DRAFT_VOCAB
+    assert resolve_draft_vocab("auto", "cuda") == 0 == resolve_draft_vocab("auto", "cpu", device_map="auto")
+    assert resolve_draft_vocab("4096", "cuda") == 4096 and resolve_draft_vocab("0", "cpu") == 0
