@@ -251,7 +251,9 @@ class CachedLM:
             on: dict = {}                                           # one copy per device, not one per layer
             for layer in self.cache.layers:
                 dev = layer.keys.device if layer.is_initialized else src.device
-                layer.keep_rows(self.committed, on.setdefault(dev, src.to(dev)))
+                if dev not in on:
+                    on[dev] = src.to(dev)
+                layer.keep_rows(self.committed, on[dev])
         else:
             idx = torch.tensor(list(range(self.committed)) + [self.committed + i for i in keep], dtype=torch.long)
             on: dict = {}                                           # idx per device (device_map spreads layers)
@@ -260,7 +262,9 @@ class CachedLM:
                     raise NotImplementedError(f"KV compaction does not support {type(layer).__name__} (sliding window)")
                 if not layer.is_initialized:
                     continue
-                dev_idx = on.setdefault(layer.keys.device, idx.to(layer.keys.device))
+                if layer.keys.device not in on:
+                    on[layer.keys.device] = idx.to(layer.keys.device)
+                dev_idx = on[layer.keys.device]
                 layer.keys = layer.keys.index_select(-2, dev_idx)   # [B, H, T, D]
                 layer.values = layer.values.index_select(-2, dev_idx)
         self.committed += len(keep)
