@@ -409,3 +409,14 @@ def test_sample_trace_is_small_and_current(sample):
     assert [i for i, b in enumerate(sample.blocks) if b.repair_won] == REPAIR_WINS
     header = json.loads(SAMPLE.read_text().splitlines()[0])
     assert header["config"]["strategy"] == "cure"
+
+
+def test_the_chat_sd_drafter_shares_the_pard_drafters_vocabulary(target, drafts, tok):
+    """`cure chat` lets a PARD drafter double as the sd chain drafter: with the same draft vocabulary."""
+    from cure_core.drafters.vocab import lowest_ids
+    pair = ModelPair(target=target, drafter=PardDrafter(drafts["mild"], MASK_ID, vocab_size=BYTE_VOCAB,
+                                                        draft_vocab=lowest_ids(100)))
+    engine = ModelEngine(LoadedPair(pair=pair, tokenizer=tok, drafter_kind="pard"))
+    assert engine.pair.ar_drafter.vocab.fixed == list(range(100))
+    plain_pair = ModelPair(target=target, drafter=PardDrafter(drafts["mild"], MASK_ID, vocab_size=BYTE_VOCAB))
+    assert ModelEngine(LoadedPair(pair=plain_pair, tokenizer=tok, drafter_kind="pard")).pair.ar_drafter.vocab is None

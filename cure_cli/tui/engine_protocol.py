@@ -54,7 +54,10 @@ class ModelEngine:
         self.pair = loaded.pair
         # A PARD drafter is a causal LM: let it double as the chain drafter so `sd` is selectable live.
         if self.pair.ar_drafter is None and isinstance(self.pair.drafter, PardDrafter):
-            self.pair.ar_drafter = ArDrafter(self.pair.drafter.lm.model, vocab_size=self.pair.drafter.vocab_size)
+            import torch
+            d = self.pair.drafter                         # ... with the same draft vocabulary, if any
+            fixed = torch.tensor(d.vocab.fixed, dtype=torch.long) if d.vocab is not None else None
+            self.pair.ar_drafter = ArDrafter(d.model, vocab_size=d.vocab_size, draft_vocab=fixed)
         tok = loaded.tokenizer
         self.chat = chat if chat is not None else bool(getattr(tok, "chat_template", None))
         self.tokens = TokenText(tok)
