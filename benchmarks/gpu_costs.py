@@ -213,7 +213,7 @@ def cost_curve(target, layout: dict, sizes, ctx_len: int, reps: int, warm: int, 
 
 
 def overhead(pair, clock: Clock, cfg: DecodeConfig, prompt, blocks: int) -> dict:
-    rows, budgets = [], []
+    rows = []                                                # (overhead ms, block ms, tree size)
     while len(rows) < blocks:
         engine = Engine(pair, cfg)
         gen = engine.generate(prompt)
@@ -226,11 +226,10 @@ def overhead(pair, clock: Clock, cfg: DecodeConfig, prompt, blocks: int) -> dict
             wall = clock.now() - t0
             if block.index > 0:                              # block 0 includes the prefill
                 rows.append(((wall - (clock.total - model0)) * 1e3, wall * 1e3, block.tree_size))
-                budgets.append(block.tree_size)
         gen.close()
     oh = sorted(r[0] for r in rows)
     return {"strategy": cfg.strategy, "v_max": "auto" if cfg.auto_budget else cfg.v_max, "blocks": len(rows),
-            "mean_V": statistics.mean(r[2] for r in rows), "tree_sizes": budgets,
+            "mean_V": statistics.mean(r[2] for r in rows), "tree_sizes": [r[2] for r in rows],
             "overhead_ms_median": statistics.median(oh),
             "overhead_ms_p90": oh[int(0.9 * (len(oh) - 1))], "block_ms_median": statistics.median(r[1] for r in rows)}
 
@@ -279,6 +278,11 @@ def main(argv=None) -> dict:
     def late() -> bool:
         return args.deadline is not None and time.perf_counter() - t_start > args.deadline
 
+    def save() -> None:
+        report["seconds"] = time.perf_counter() - t_start
+        if args.out:
+            Path(args.out).write_text(json.dumps(report, indent=2))
+
     def stage(name: str, fn) -> None:
         """Run one stage unless past the deadline; record its error instead of losing the others."""
         if late():
@@ -290,9 +294,7 @@ def main(argv=None) -> dict:
         except Exception as e:                            # noqa: BLE001 -- a stage's failure is a result too
             report["errors"][name] = f"{type(e).__name__}: {e}"
             print(f"error in {name}: {type(e).__name__}: {e}", flush=True)
-        report["seconds"] = time.perf_counter() - t_start
-        if args.out:
-            Path(args.out).write_text(json.dumps(report, indent=2))
+        save()
 
     stages = set(args.stages.split(",")) - {""}
     if stages - {"cost", "tuner", "overhead"}:
@@ -353,9 +355,8 @@ def main(argv=None) -> dict:
             report["compile_counters"] = {k: dict(v) for k, v in counters.items() if k in ("inductor", "stats")}
         except Exception:                                  # noqa: BLE001 -- diagnostics only
             pass
-    report["seconds"] = time.perf_counter() - t_start
+    save()
     if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=2))
         print(f"wrote {args.out}")
     return report
 

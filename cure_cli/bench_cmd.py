@@ -196,8 +196,7 @@ def bench(
         apply_kernels(loaded.kernels, [model])          # the same kernels as the rest of the pair
         from cure_core.drafters.vocab import lowest_ids
         vocab = len(loaded.tokenizer)
-        pair.ar_drafter = ArDrafter(model, vocab_size=vocab,
-                                    draft_vocab=lowest_ids(min(draft_vocab, vocab)) if draft_vocab else None)
+        pair.ar_drafter = ArDrafter(model, vocab_size=vocab, draft_vocab=lowest_ids(draft_vocab, vocab))
     if pair.ar_drafter is not None and want_sd:
         pair.names.setdefault("ar_draft", ar_name or draft)
     engines = {}

@@ -42,6 +42,18 @@ def padded_size(n: int) -> int:
     return -(-n // 128) * 128
 
 
+def _per_device(t: torch.Tensor):
+    """device -> `t` on that device (None: as it is), copied once per device, not once per layer
+    (device_map spreads layers over devices)."""
+    copies: dict = {None: t}
+
+    def on(device):
+        if device not in copies:
+            copies[device] = t.to(device)
+        return copies[device]
+    return on
+
+
 class RowLayer(StaticLayer):
     """One layer's preallocated K/V rows [B, H, capacity, D]. A forward writes its rows in place at
     the current end; `full` returns the whole buffer (static shapes), else a view of the rows in use."""
@@ -247,24 +259,18 @@ class CachedLM:
             # Fast path: the kept chain is a prefix of the scratch rows; crop the rest.
             self._crop(self.committed + len(keep))
         elif self.kv == "static":
-            src = torch.tensor([self.committed + i for i in keep], dtype=torch.long)
-            on: dict = {}                                           # one copy per device, not one per layer
+            src = _per_device(torch.tensor([self.committed + i for i in keep], dtype=torch.long))
             for layer in self.cache.layers:
-                dev = layer.keys.device if layer.is_initialized else src.device
-                if dev not in on:
-                    on[dev] = src.to(dev)
-                layer.keep_rows(self.committed, on[dev])
+                layer.keep_rows(self.committed, src(layer.keys.device) if layer.is_initialized else src(None))
         else:
-            idx = torch.tensor(list(range(self.committed)) + [self.committed + i for i in keep], dtype=torch.long)
-            on: dict = {}                                           # idx per device (device_map spreads layers)
+            idx = _per_device(torch.tensor(list(range(self.committed)) + [self.committed + i for i in keep],
+                                           dtype=torch.long))
             for layer in self.cache.layers:
                 if type(layer) is not DynamicLayer:
                     raise NotImplementedError(f"KV compaction does not support {type(layer).__name__} (sliding window)")
                 if not layer.is_initialized:
                     continue
-                if layer.keys.device not in on:
-                    on[layer.keys.device] = idx.to(layer.keys.device)
-                dev_idx = on[layer.keys.device]
+                dev_idx = idx(layer.keys.device)
                 layer.keys = layer.keys.index_select(-2, dev_idx)   # [B, H, T, D]
                 layer.values = layer.values.index_select(-2, dev_idx)
         self.committed += len(keep)

@@ -150,7 +150,7 @@ def load_pair(target: str, draft: str | None = None, *, drafter: str = "auto", m
     tmodel, tpath = load_model(target, device, dtype, device_map)
     tok = load_tokenizer(tpath)
     vocab = len(tok)
-    low = lowest_ids(min(draft_vocab, vocab)) if draft_vocab else None
+    low = lowest_ids(draft_vocab, vocab)
     names = {"target": target}
     block_drafter, ar_drafter, kind = None, None, None
     models = [tmodel]                                   # every network a decode runs (packed together)

@@ -14,7 +14,7 @@ PROMPTS = [list(b"def fibonacci(n):\n    "), list(b"x = [1, 2, 3]\nprint(x"), li
 
 
 def vocab_pair(target, draft):
-    ids = lowest_ids(LOW)
+    ids = lowest_ids(LOW, BYTE_VOCAB)
     return ModelPair(target=target, drafter=PardDrafter(draft, MASK_ID, vocab_size=BYTE_VOCAB, draft_vocab=ids),
                      ar_drafter=ArDrafter(draft, vocab_size=BYTE_VOCAB, draft_vocab=ids))
 
@@ -33,7 +33,7 @@ def test_scores_are_the_full_heads_columns_and_proposals_stay_inside(target, dra
     draft = drafts["mild"]
     make = (lambda **kw: ArDrafter(draft, vocab_size=BYTE_VOCAB, **kw)) if kind == "ar" else \
         (lambda **kw: PardDrafter(draft, MASK_ID, vocab_size=BYTE_VOCAB, **kw))
-    full, cut = make(), make(draft_vocab=lowest_ids(LOW))
+    full, cut = make(), make(draft_vocab=lowest_ids(LOW, BYTE_VOCAB))
     context = list(b"def xyz(q):\n")
     for d in (full, cut):
         d.reset(context[:-1], None)
@@ -58,7 +58,7 @@ def test_scores_are_the_full_heads_columns_and_proposals_stay_inside(target, dra
 
 def test_the_vocabulary_follows_a_head_packed_after_loading(target):
     draft = perturbed_copy(target, noise=0.2, seed=5)
-    d = ArDrafter(draft, vocab_size=BYTE_VOCAB, draft_vocab=lowest_ids(LOW))
+    d = ArDrafter(draft, vocab_size=BYTE_VOCAB, draft_vocab=lowest_ids(LOW, BYTE_VOCAB))
     d.reset(list(b"ab"), None)
     before = d.propose(ord("c"), 4, 4)
     pack_linears(draft)                                   # swaps lm_head for a packed module

@@ -415,7 +415,7 @@ def test_the_chat_sd_drafter_shares_the_pard_drafters_vocabulary(target, drafts,
     """`cure chat` lets a PARD drafter double as the sd chain drafter: with the same draft vocabulary."""
     from cure_core.drafters.vocab import lowest_ids
     pair = ModelPair(target=target, drafter=PardDrafter(drafts["mild"], MASK_ID, vocab_size=BYTE_VOCAB,
-                                                        draft_vocab=lowest_ids(100)))
+                                                        draft_vocab=lowest_ids(100, BYTE_VOCAB)))
     engine = ModelEngine(LoadedPair(pair=pair, tokenizer=tok, drafter_kind="pard"))
     assert engine.pair.ar_drafter.vocab.fixed == list(range(100))
     plain_pair = ModelPair(target=target, drafter=PardDrafter(drafts["mild"], MASK_ID, vocab_size=BYTE_VOCAB))

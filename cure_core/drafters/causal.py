@@ -48,7 +48,7 @@ class _CausalDrafter:
 
     def _ids(self, cols: torch.Tensor) -> torch.Tensor:
         """Score columns -> target token ids."""
-        return cols if self.vocab is None else self.vocab.ids.to(cols.device)[cols]
+        return cols if self.vocab is None else self.vocab.to_target(cols)
 
     def reset(self, context: Sequence[int], hidden: torch.Tensor | None = None) -> None:
         self.lm.reset()

@@ -176,10 +176,6 @@ class DFlashModel(nn.Module):
 
 
 # --------------------------------------------------------------------------------------------
-# Draft vocabulary: the head over a few thousand likely ids instead of the whole vocabulary
-# --------------------------------------------------------------------------------------------
-
-# --------------------------------------------------------------------------------------------
 # The drafter
 # --------------------------------------------------------------------------------------------
 
@@ -311,7 +307,7 @@ class DFlashDrafter:
 
     def to_target_ids(self, cols: torch.Tensor) -> torch.Tensor:
         """Columns of `_logits` -> target token ids (the identity without a draft vocabulary)."""
-        return cols if self.vocab is None else self.vocab.ids.to(cols.device)[cols]
+        return cols if self.vocab is None else self.vocab.to_target(cols)
 
     @torch.inference_mode()
     def forward_blocks(self, blocks: Sequence[Sequence[int]]) -> list[torch.Tensor]:

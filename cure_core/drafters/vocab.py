@@ -10,9 +10,10 @@ from torch import nn
 from ..errors import ModelLoadError
 
 
-def lowest_ids(n: int) -> torch.Tensor:
-    """A fixed list for drafters with no ranked one: ids 0..n-1 (see DraftVocab)."""
-    return torch.arange(n, dtype=torch.long)
+def lowest_ids(n: int, vocab_size: int) -> torch.Tensor | None:
+    """A fixed list for drafters with no ranked one: ids below min(n, vocab_size) (see DraftVocab);
+    None for n = 0, the whole vocabulary."""
+    return torch.arange(min(n, vocab_size), dtype=torch.long) if n else None
 
 
 class DraftVocab:
@@ -59,6 +60,10 @@ class DraftVocab:
             self._extra_set.update(new)
             self._extra_rows = None
             self.ids = torch.cat([self.ids, torch.tensor(new, dtype=torch.long)])
+
+    def to_target(self, cols: torch.Tensor) -> torch.Tensor:
+        """Columns of `logits` -> target token ids."""
+        return self.ids.to(cols.device)[cols]
 
     def _fixed_head(self, lm_head: nn.Module) -> nn.Module:
         """A bias-carrying Linear over the fixed ids, cut from `lm_head` once (again if the target's
