@@ -158,7 +158,7 @@ def load_setup(args) -> Setup:
         models = {"target": "tiny (in-process, random)", "draft": "tiny perturbed copy (PARD)",
                   "ar_draft": "tiny perturbed copy", "drafter": "pard"}
     else:
-        from cure_cli.datasets import load_humaneval
+        from cure_tasks import humaneval
         from cure_cli.defaults import AR_DRAFT_FOR
         tmp = None
         ar_draft = args.ar_draft or AR_DRAFT_FOR.get(args.target)
@@ -168,7 +168,7 @@ def load_setup(args) -> Setup:
             ar_draft = None               # load_pair makes the --draft model the AR draft as well
         loaded = load_pair(args.target, args.draft, drafter=args.drafter, ar_draft=ar_draft, device=args.device,
                            dtype=args.dtype, kernels=args.kernels, draft_vocab=args.draft_vocab)
-        problems = [(p.task_id, p.prompt) for p in load_humaneval(args.limit)]
+        problems = [(p.task_id, p.prompt) for p in humaneval.load(limit=args.limit)]
         models = {"target": args.target, "draft": args.draft, "ar_draft": ar_draft or
                   (args.draft if args.drafter == "ar" else None), "drafter": loaded.drafter_kind or args.drafter}
     pair = loaded.pair

@@ -164,9 +164,9 @@ def main(argv=None) -> dict:
             loaded = load_pair(str(tdir), str(ddir), drafter="pard")
             texts = TINY_PROMPTS[: args.limit]
         else:
-            from cure_cli.datasets import load_humaneval
+            from cure_tasks import humaneval
             loaded = load_pair(args.target, args.draft)
-            texts = [p.prompt for p in load_humaneval(args.limit)]
+            texts = [p.prompt for p in humaneval.load(limit=args.limit)]
         if loaded.pair.drafter is None:
             ap.error("--draft must be a block-parallel drafter (DFlash or PARD)")
         prompts = [encode_prompt(loaded.tokenizer, t, chat=False) for t in texts]

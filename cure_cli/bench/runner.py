@@ -77,7 +77,7 @@ def build_runs(base: DecodeConfig, strategies: Sequence[str], ablate: Sequence[s
 @dataclass(frozen=True)
 class BenchPrompt:
     index: int                     # position in the data set (after --limit)
-    problem: object                # cure_cli.datasets.Problem
+    problem: object                # cure_tasks.Problem
     ids: tuple[int, ...]           # encoded prompt (chat template or raw)
 
     @property

@@ -94,7 +94,7 @@ class SandboxResult:
 
 
 class IOCaseLike(Protocol):
-    """A stdin/stdout or functional test case (``cure_cli.datasets.IOCase`` fits)."""
+    """A stdin/stdout or functional test case (``cure_tasks.common.IOCase`` fits)."""
 
     input: str
     output: str
