@@ -38,9 +38,9 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from cure_core.budget import measure_cost_curve
 from cure_core.config import STRATEGIES, DecodeConfig
-from cure_core.drafters.causal import ArDrafter, PardDrafter
-from cure_core.drafters.dflash import DFlashDrafter, default_target_layer_ids
+from cure_core.drafters.dflash import default_target_layer_ids
 from cure_core.engine import Engine, ModelPair, generate_ids
+from cure_core.models import build_pair
 from cure_core.lm import CachedLM
 from cure_core.tiny import BYTE_VOCAB, MASK_ID, perturbed_copy, tiny_config, tiny_target
 from cure_core.training.dflash_train import build_model, draft_config_dict, init_from_target
@@ -112,9 +112,9 @@ def build(shape: str, device: torch.device, dtype: torch.dtype):
     return target, draft, SHAPES[shape]["vocab_size"] - 1
 
 
-def dflash_drafter(target, mask_id: int, block_size: int = 16, n_layers: int = DFLASH_LAYERS) -> DFlashDrafter:
-    """A DFlash drafter initialised as training starts it (every draft layer a copy of the target's
-    last layer): the real drafter's shapes and forward, the target's embedding and head."""
+def dflash_network(target, mask_id: int, block_size: int = 16, n_layers: int = DFLASH_LAYERS):
+    """A DFlash network initialised as training starts it (every draft layer a copy of the target's
+    last layer): the real drafter's shapes and forward; build_pair gives it the target's embedding and head."""
     n_target = int(target.config.num_hidden_layers)
     n_layers = min(n_layers, n_target)
     layer_ids = default_target_layer_ids(n_target, n_layers)
@@ -123,8 +123,7 @@ def dflash_drafter(target, mask_id: int, block_size: int = 16, n_layers: int = D
     with torch.device(p.device):
         model = build_model(cfg, target.config).to(p.dtype)
     init_from_target(model, target, layer_ids)
-    return DFlashDrafter(model.eval(), target, target_layer_ids=layer_ids, mask_token_id=mask_id,
-                         block_size=block_size, vocab_size=int(target.config.vocab_size))
+    return model.eval()
 
 
 # Prompts for the lossless check (bytes: the tiny models' vocabulary), of varied lengths.
@@ -151,10 +150,9 @@ def lossless(device: torch.device, n_prompts: int, new_tokens: int = 24, only: t
     target = tiny_target(seed=0)
     draft = perturbed_copy(target, noise=0.2, seed=1).to(device)
     target = target.to(device)
-    pairs = {"pard": ModelPair(target=target, drafter=PardDrafter(draft, MASK_ID, vocab_size=BYTE_VOCAB),
-                               ar_drafter=ArDrafter(draft, vocab_size=BYTE_VOCAB)),
-             "dflash": ModelPair(target=target, drafter=dflash_drafter(target, MASK_ID, block_size=8, n_layers=2),
-                                 ar_drafter=ArDrafter(draft, vocab_size=BYTE_VOCAB))}
+    pairs = {"pard": build_pair(target, draft, drafter="pard", mask_token_id=MASK_ID, vocab_size=BYTE_VOCAB)[0],
+             "dflash": build_pair(target, dflash_network(target, MASK_ID, block_size=8, n_layers=2), ar_draft=draft,
+                                  vocab_size=BYTE_VOCAB)[0]}
     prompts = [list(PROMPTS[i % len(PROMPTS)] * (1 + i // len(PROMPTS))) for i in range(n_prompts)]
     base = dict(max_new_tokens=new_tokens, stop_at_eos=False)
     rows, accepted = [], 0
@@ -324,8 +322,9 @@ def main(argv=None) -> dict:
         stage("tuner_curve", tuner_curve)
 
     clock = Clock(device, target, draft)
-    drafters = {"pard": lambda: PardDrafter(draft, mask_id, vocab_size=int(target.config.vocab_size)),
-                "dflash": lambda: dflash_drafter(target, mask_id)}
+    vocab = int(target.config.vocab_size)
+    drafters = {"pard": lambda: build_pair(target, draft, drafter="pard", mask_token_id=mask_id, vocab_size=vocab)[0].drafter,
+                "dflash": lambda: build_pair(target, dflash_network(target, mask_id), vocab_size=vocab)[0].drafter}
     built: dict = {}
     prompt = torch.randint(0, int(target.config.vocab_size) - 1, (min(args.ctx, 256),),
                            generator=torch.Generator().manual_seed(1)).tolist()

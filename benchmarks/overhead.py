@@ -15,8 +15,8 @@ import time
 import torch
 
 from cure_core.config import DecodeConfig
-from cure_core.drafters.causal import PardDrafter
-from cure_core.engine import Engine, ModelPair
+from cure_core.engine import Engine
+from cure_core.models import build_pair
 from cure_core.tiny import BYTE_VOCAB, MASK_ID, perturbed_copy, tiny_target
 
 
@@ -70,7 +70,7 @@ def main() -> None:
     target = tiny_target(seed=0)
     draft = perturbed_copy(target, noise=0.3, seed=1)
     clock = ForwardClock(target, draft)
-    pair = ModelPair(target=target, drafter=PardDrafter(draft, MASK_ID, vocab_size=BYTE_VOCAB))
+    pair, _ = build_pair(target, draft, drafter="pard", mask_token_id=MASK_ID, vocab_size=BYTE_VOCAB)
     prompt = list(b"def quicksort(xs):\n    ")
     rows = []
     for strategy, v_max, extra in [("parallel", 15, {}), ("cure", 32, {}), ("cure", 64, {"max_ufps": 3, "tau_margin": 5.0}),

@@ -1,12 +1,18 @@
 """cure against its peers: transformers' own decoding loops and cure's strategies, one process.
 
-    python benchmarks/peers.py --target qwen-coder-1.5b --ar-draft qwen-coder-0.5b --limit 20 \\
-        --max-new-tokens 64 [--draft D --drafter pard] [--k 6] [--strategies ar,sd,parallel,cure,ddtree] \\
-        [--hf generate,assisted,prompt-lookup] [--threads N] [--json OUT.json]
+    python benchmarks/peers.py --target qwen-coder-1.5b --limit 20 --max-new-tokens 64 \\
+        [--sets humaneval,gsm8k,benchmarks/prompts/prose.jsonl] [--offset 20] \\
+        [--strategies ar,sd,parallel,cure,ddtree] [--hf generate,assisted,prompt-lookup] \\
+        [--threads N] [--json OUT.json] [any engine flag of `cure generate`: --draft, --k, --v-max ...]
     python benchmarks/peers.py --tiny            # in-process tiny random models: a fast smoke run
 
-Methods, all greedy (temperature 0), all on the SAME target model object and the same prompts
-(HumanEval, raw completion style, `--limit` of them). `--kernels` (default auto: packed oneDNN
+Models open exactly as `cure generate` opens them (cure_core.api.open_pair, the EngineArgs flags
+and defaults): the shipped drafter, K from the drafter, --v-max auto, --draft-vocab auto.
+
+Methods, all greedy (temperature 0), all on the SAME target model object and the same prompts:
+`--sets`, each `--limit` prompts after skipping `--offset` (HumanEval raw completion style; GSM8K and
+custom prompt files through the chat template, as `cure bench` encodes them). Summaries are per set
+and over all of them, so a drafter that only knows code shows as such. `--kernels` (default auto: packed oneDNN
 matmuls on a float32 CPU, see cure_core/cpu_kernels.py) applies to those shared model objects, so
 transformers' loops run the same kernels as cure's; `--kernels eager` gives stock torch layers.
 
@@ -17,9 +23,9 @@ transformers' loops run the same kernels as cure's; `--kernels eager` gives stoc
     hf_prompt_lookup  transformers prompt-lookup decoding, `prompt_lookup_num_tokens=`
     cure_<strategy>   cure's engine: ar, sd, parallel, cure, ddtree (`--strategies`)
 
-`sd` uses the AR draft (`--ar-draft`, or `--draft D --drafter ar`). parallel/cure/ddtree use the
-block drafter given with `--draft`; when none is given and `--drafter` is `ar` (or `auto`, which
-resolves a plain causal LM to `ar` anyway) they use the AR draft model as their drafter.
+`sd` and HF assisted use the chain drafter (`--ar-draft`, the target's default chain draft, or a PARD
+or AR `--draft`); parallel/cure/ddtree the block drafter (`--draft`, else the one shipped for the target,
+else the chain draft).
 
 Order: models load once; one warm-up generation per method (short, on the first prompt); then
 prompt-major interleaving (for each prompt, every method in turn) so machine drift and other
@@ -77,7 +83,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import torch  # noqa: E402
 
-from cure_cli.bench.runner import parse_list  # noqa: E402
+from cure_core.options import EngineArgs, parse_list  # noqa: E402
 
 SCHEMA = "cure.peers/1"
 HF_METHODS = {"generate": "hf_generate", "assisted": "hf_assisted", "prompt-lookup": "hf_prompt_lookup"}
@@ -137,51 +143,56 @@ def environment(threads: int, why: str, device: str, dtype: str) -> dict:
 class Setup:
     pair: object                                 # cure_core.engine.ModelPair
     tokenizer: object
-    prompts: list[tuple[str, list[int]]]         # (task_id, ids)
+    prompts: list[tuple[str, str, list[int]]]    # (set, task_id, ids)
     models: dict
+    config: object                               # the DecodeConfig the cure methods start from
+    engine: object                               # the loaded pair's one Engine (tuners per config)
     notes: list[str] = field(default_factory=list)
     skipped: list[dict] = field(default_factory=list)
     tmpdir: object = None                        # keeps --tiny's folder alive
 
 
+def prompt_sets(args, loaded) -> list[tuple[str, str, list[int]]]:
+    """(set, task_id, ids) for every --sets entry: a task name (cure_tasks) or a prompts .jsonl file;
+    `--offset` prompts skipped, then `--limit` kept, per set."""
+    from cure_tasks import TASK_NAMES, raw_by_default
+    from cure_tasks import load as load_task
+    out = []
+    for spec in parse_list(args.sets):
+        name, path = (spec, None) if spec in TASK_NAMES else (Path(spec).stem, spec)
+        task = spec if spec in TASK_NAMES else "prompts"
+        problems = load_task(task, path, args.offset + args.limit)[args.offset:]
+        raw = raw_by_default(task)
+        out += [(name, p.task_id, loaded.encode(p.prompt, chat=not raw)) for p in problems]
+    return out
+
+
 def load_setup(args) -> Setup:
-    from cure_core.models import encode_prompt, load_pair
-    notes: list[str] = []
+    from cure_core.api import open_pair
+    engine_args = EngineArgs.from_cli_args(args).with_(strategy="ar")
+    tmp = None
     if args.tiny:
         from cure_core.tiny import save_tiny_pair
         tmp = tempfile.TemporaryDirectory(prefix="cure-peers-")
-        tdir, ddir = save_tiny_pair(Path(tmp.name))
-        # the perturbed copy serves as both the PARD block drafter and the AR draft model
-        loaded = load_pair(str(tdir), str(ddir), drafter="pard", ar_draft=str(ddir), device=args.device,
-                           dtype=args.dtype, kernels=args.kernels, draft_vocab=args.draft_vocab)
-        problems = [(tid, text) for tid, text in TINY_PROMPTS[: args.limit]]
-        models = {"target": "tiny (in-process, random)", "draft": "tiny perturbed copy (PARD)",
-                  "ar_draft": "tiny perturbed copy", "drafter": "pard"}
-    else:
-        from cure_tasks import humaneval
-        from cure_cli.defaults import AR_DRAFT_FOR
-        tmp = None
-        ar_draft = args.ar_draft or AR_DRAFT_FOR.get(args.target)
-        if args.ar_draft is None and ar_draft:
-            notes.append(f"--ar-draft defaulted to {ar_draft} for {args.target}")
-        if args.draft and args.drafter == "ar" and args.ar_draft is None:
-            ar_draft = None               # load_pair makes the --draft model the AR draft as well
-        loaded = load_pair(args.target, args.draft, drafter=args.drafter, ar_draft=ar_draft, device=args.device,
-                           dtype=args.dtype, kernels=args.kernels, draft_vocab=args.draft_vocab)
-        problems = [(p.task_id, p.prompt) for p in humaneval.load(limit=args.limit)]
-        models = {"target": args.target, "draft": args.draft, "ar_draft": ar_draft or
-                  (args.draft if args.drafter == "ar" else None), "drafter": loaded.drafter_kind or args.drafter}
+        tdir, ddir = save_tiny_pair(Path(tmp.name))      # the perturbed copy: PARD drafter and its chain
+        engine_args = engine_args.with_(target=str(tdir), draft=str(ddir), drafter="pard")
+    strategies = parse_list(args.strategies)
+    chain = ["sd"] if "assisted" in parse_list(args.hf) else []
+    loaded = open_pair(engine_args, strategies=strategies + chain)
     pair = loaded.pair
-    if pair.drafter is None and pair.ar_drafter is not None and args.drafter in ("ar", "auto"):
-        pair.drafter = pair.ar_drafter
-        block = [s for s in parse_list(args.strategies) if s in BLOCK_STRATEGIES]
-        if block:
-            notes.append(f"no block drafter given: {'/'.join(block)} draft with the AR draft model "
-                         f"(--drafter {args.drafter})")
-    models["kernels"] = loaded.kernels              # every method runs these same model objects
-    tok = loaded.tokenizer
-    prompts = [(tid, encode_prompt(tok, text, chat=False)) for tid, text in problems]
-    return Setup(pair=pair, tokenizer=tok, prompts=prompts, models=models, notes=notes, tmpdir=tmp)
+    if args.tiny:
+        prompts = [("tiny", tid, loaded.encode(text, chat=False)) for tid, text in TINY_PROMPTS[: args.limit]]
+        models = {"target": "tiny (in-process, random)", "draft": "tiny perturbed copy (PARD)",
+                  "ar_draft": "tiny perturbed copy (PARD as a chain)", "drafter": "pard"}
+    else:
+        prompts = prompt_sets(args, loaded)
+        models = {"target": pair.names.get("target"), "draft": pair.names.get("draft"),
+                  "ar_draft": pair.names.get("ar_draft") or (pair.names.get("draft") if pair.ar_drafter else None),
+                  "drafter": loaded.drafter_kind}
+    models["kernels"] = loaded.kernels                # every method runs these same model objects
+    models["draft_vocab"] = loaded.draft_vocab
+    return Setup(pair=pair, tokenizer=loaded.tokenizer, prompts=prompts, models=models, config=loaded.config,
+                 engine=loaded.engine, notes=list(loaded.notes), tmpdir=tmp)
 
 
 # ---------------------------------------------------------------- one generation per method
@@ -242,28 +253,26 @@ def hf_method(name: str, model, extra: dict, eos: Sequence[int], pad: int | None
     return Method(name, "hf", settings, run)
 
 
-def cure_method(strategy: str, pair, cfg) -> Method:
-    from cure_core.engine import Engine
+def cure_method(strategy: str, engine, cfg) -> Method:
     from cure_core.metrics import summarize
-    engine = Engine(pair, cfg)
 
     def run(ids: list[int], max_new: int) -> dict:
-        e = engine if max_new == cfg.max_new_tokens else Engine(pair, cfg.with_(max_new_tokens=max_new))
+        c = cfg.with_(max_new_tokens=max_new)
         t0 = time.perf_counter()
-        blocks = list(e.generate(ids))
+        blocks = list(engine.generate(ids, c))
         wall = (time.perf_counter() - t0) * 1e3
         s = summarize(blocks)
         return {"tokens": [t for b in blocks for t in b.emitted], "prefill_ms": s.prefill_ms,
                 "total_ms": wall, "decode_ms": s.decode_ms, "decode_tokens": s.new_tokens,
                 "target_forwards": s.blocks, "draft_ms": s.draft_ms, "tree_ms": s.tree_ms,
                 "verify_ms": s.verify_ms, "commit_ms": s.commit_ms, "mean_tree_size": s.mean_tree_size,
-                "k": e.cfg.k, "v_max": e.cfg.v_max, "auto_budget": e.cfg.auto_budget}
+                "k": c.k, "v_max": c.v_max, "auto_budget": c.auto_budget}
 
     return Method(f"cure_{strategy}", "cure", cfg.to_dict(), run)
 
 
 def build_methods(args, setup: Setup) -> list[Method]:
-    from cure_core.config import ConfigError, DecodeConfig
+    from cure_core.config import ConfigError
     pair, tok = setup.pair, setup.tokenizer
     eos = list(pair.eos_ids)
     pad = tok.pad_token_id if tok.pad_token_id is not None else (eos[0] if eos else None)
@@ -282,9 +291,9 @@ def build_methods(args, setup: Setup) -> list[Method]:
             methods.append(hf_method(name, pair.target, {}, eos, pad, counter))
         elif h == "assisted":
             if pair.ar_drafter is None:
-                setup.skipped.append({"method": name, "reason": "no AR draft model (--ar-draft)"})
+                setup.skipped.append({"method": name, "reason": "no chain draft model (--ar-draft)"})
                 continue
-            assistant = pair.ar_drafter.lm.model
+            assistant = pair.ar_drafter.model
             if args.hf_assistant_tokens is not None:
                 assistant.generation_config.num_assistant_tokens = args.hf_assistant_tokens
                 assistant.generation_config.num_assistant_tokens_schedule = "constant"
@@ -300,17 +309,12 @@ def build_methods(args, setup: Setup) -> list[Method]:
             methods.append(hf_method(name, pair.target, {"prompt_lookup_num_tokens": args.prompt_lookup_tokens,
                                                           "max_matching_ngram_size": args.prompt_lookup_ngram},
                                      eos, pad, counter))
-    from cure_cli.common import drafter_block_size, parse_v_max
-    k = args.k or drafter_block_size(pair) or 6
-    v_max, auto = parse_v_max(args.v_max)
     for s in parse_list(args.strategies):
         try:
-            cfg = DecodeConfig(strategy=s, k=k, max_new_tokens=args.max_new_tokens,
-                               v_max=max(v_max, k - 1) if auto else v_max, auto_budget=auto)
-            methods.append(cure_method(s, pair, cfg))
+            pair.drafter_for(s)
+            methods.append(cure_method(s, setup.engine, setup.config.with_(strategy=s)))
         except ConfigError as e:
-            reason = "no AR draft model (--ar-draft, or --draft D --drafter ar)" if s == "sd" else str(e)
-            setup.skipped.append({"method": f"cure_{s}", "reason": reason})
+            setup.skipped.append({"method": f"cure_{s}", "reason": str(e)})
     return methods
 
 
@@ -381,13 +385,13 @@ def ceilings(out: dict, results: list[dict]) -> None:
 
 # ---------------------------------------------------------------- output
 
-def render(console, summary: dict, n_prompts: int) -> None:
+def render(console, summary: dict, n_prompts: int, title: str = "") -> None:
     from rich.table import Table
 
     def f(x, fmt):
         return "-" if x is None else format(x, fmt)
 
-    t = Table(title=f"peers: {n_prompts} prompt(s), greedy, prefill excluded")
+    t = Table(title=f"peers{' ' + title if title else ''}: {n_prompts} prompt(s), greedy, prefill excluded")
     t.add_column("method", no_wrap=True)
     for col, just in ( ("decode tok", "right"), ("tok/s", "right"), ("TPOT ms", "right"),
                       ("prefill ms", "right"), ("tau", "right"), ("x cure ar", "right"), ("x HF gen", "right"),
@@ -416,37 +420,25 @@ def _clean(obj):
 
 def parse_args(argv: Sequence[str] | None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", default="qwen-coder-1.5b")
-    ap.add_argument("--ar-draft", default=None, help="AR draft for sd and HF assisted generation "
-                    "(default for qwen-coder-1.5b: qwen-coder-0.5b)")
-    ap.add_argument("--draft", default=None, help="block drafter for parallel/cure/ddtree")
-    ap.add_argument("--drafter", default="auto", choices=("auto", "pard", "ar", "dflash"))
     ap.add_argument("--strategies", default="ar,sd,parallel,cure,ddtree")
     ap.add_argument("--hf", default="generate,assisted,prompt-lookup", help="transformers methods to run")
-    ap.add_argument("--limit", type=int, default=20)
-    ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--k", type=int, default=None,
-                    help="cure block size (root + K-1 drafted); default: the drafter's trained block size, else 6")
-    ap.add_argument("--v-max", default="auto", help="tree node budget, or auto (cost-aware, as cure generate)")
+    ap.add_argument("--sets", default="humaneval", help="comma list: humaneval, gsm8k, mbpp, lcb-lite, or a "
+                    "prompts .jsonl file (cure bench --prompts format)")
+    ap.add_argument("--limit", type=int, default=20, help="prompts per set")
+    ap.add_argument("--offset", type=int, default=0, help="skip this many prompts of each set first (held-out ranges)")
     ap.add_argument("--hf-assistant-tokens", type=int, default=None,
                     help="fix HF assisted generation's draft length (constant schedule); default: HF's own")
     ap.add_argument("--prompt-lookup-tokens", type=int, default=10)
     ap.add_argument("--prompt-lookup-ngram", type=int, default=2)
     ap.add_argument("--warmup-tokens", type=int, default=8, help="tokens of each method's warm-up generation (0: none)")
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--draft-vocab", type=int, default=0, metavar="N",
-                    help="causal drafters (PARD, AR, --ar-draft) propose only ids < N plus the context's; "
-                         "0 = the whole vocabulary (DFlash drafters use their checkpoint's)")
-    ap.add_argument("--kernels", default="auto", choices=("auto", "packed", "eager"),
-                    help="CPU float32 matmuls for every model, HF methods included (cure_core/cpu_kernels.py)")
     ap.add_argument("--tiny", action="store_true", help="in-process tiny random models (fast smoke run)")
     ap.add_argument("--json", default=None, metavar="OUT.json")
     ap.add_argument("--quiet", action="store_true", help="no per-generation progress lines")
+    EngineArgs.add_cli_args(ap, exclude=("strategy", "temperature", "seed", "chat"), max_new_tokens=64)
     args = ap.parse_args(argv)
-    if args.limit < 1 or args.max_new_tokens < 1:
-        ap.error("--limit and --max-new-tokens must be >= 1")
+    if args.limit < 1 or args.max_new_tokens < 1 or args.offset < 0:
+        ap.error("--limit and --max-new-tokens must be >= 1, --offset >= 0")
     return args
 
 
@@ -483,12 +475,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
     warm = min(args.warmup_tokens, args.max_new_tokens)
     if warm > 0:
         for m in methods:
-            m.run(setup.prompts[0][1], warm)
+            m.run(setup.prompts[0][2], warm)
 
     results: list[dict] = []
     total = len(setup.prompts) * len(methods)
     done = 0
-    for pi, (tid, ids) in enumerate(setup.prompts):
+    for pi, (set_name, tid, ids) in enumerate(setup.prompts):
         ref_tokens = None
         for m in methods:
             rec = m.run(ids, args.max_new_tokens)
@@ -496,7 +488,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
                 ref_tokens = rec["tokens"]
             mm = first_mismatch(rec["tokens"], ref_tokens)
             tps = _rate(rec["decode_tokens"], rec["decode_ms"])
-            results.append({"prompt_index": pi, "task_id": tid, "method": m.name, "prompt_tokens": len(ids),
+            results.append({"prompt_index": pi, "set": set_name, "task_id": tid, "method": m.name, "prompt_tokens": len(ids),
                             "new_tokens": len(rec["tokens"]), **rec, "tokens_per_s": tps,
                             "tpot_ms": 1e3 / tps if tps else None, "matches_hf_greedy": mm is None,
                             "first_mismatch": mm})
@@ -507,15 +499,22 @@ def main(argv: Sequence[str] | None = None) -> dict:
                               + ("" if mm is None else f", [red]differs from HF greedy at token {mm}[/red]"))
 
     summary = summarize_methods(methods, results)
-    render(console, summary, len(setup.prompts))
+    sets = sorted({r["set"] for r in results}, key=[x[0] for x in setup.prompts].index)
+    per_set = {name: summarize_methods(methods, [r for r in results if r["set"] == name]) for name in sets}
+    for name in sets if len(sets) > 1 else ():
+        render(console, per_set[name], sum(1 for x in setup.prompts if x[0] == name), title=name)
+    render(console, summary, len(setup.prompts), title=" + ".join(sets))
     env["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     report = _clean({
         "schema": SCHEMA,
         "environment": env,
-        "config": {"draft_vocab": args.draft_vocab, "tiny": args.tiny, "limit": args.limit, "max_new_tokens": args.max_new_tokens, "k": args.k,
+        "config": {"draft_vocab": setup.models["draft_vocab"], "tiny": args.tiny, "limit": args.limit,
+                   "offset": args.offset, "max_new_tokens": args.max_new_tokens, "k": setup.config.k,
                    "v_max": args.v_max, "strategies": parse_list(args.strategies), "hf": parse_list(args.hf),
-                   "warmup_tokens": warm, "temperature": 0.0, "prompt_encoding": "raw",
-                   "dataset": "tiny built-in" if args.tiny else "humaneval"},
+                   "warmup_tokens": warm, "temperature": 0.0,
+                   "prompt_encoding": "raw for completion tasks (humaneval, mbpp), else the chat template",
+                   "sets": ["tiny built-in"] if args.tiny else parse_list(args.sets),
+                   "engine": {k: v for k, v in vars(args).items() if k in EngineArgs.__dataclass_fields__}},
         "models": setup.models,
         "timing": {"prefill": "excluded; hf: time of generate(max_new_tokens=1) with the same arguments, "
                               "subtracted from the full generate, decode tokens = new - 1; cure: engine prefill "
@@ -525,6 +524,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "skipped": setup.skipped,
         "notes": setup.notes,
         "summary": summary,
+        "summary_per_set": per_set,
         "results": results,
     })
     if args.json:

@@ -2,19 +2,17 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from cure_core.metrics import summarize
-from cure_core.trace import TraceWriter
+from cure_core.options import EngineArgs
 
-from .common import (DraftVocabN, resolve_draft_vocab, BMax, Compile, KVCache, Kernels, DType, Device, DeviceMap, Draft, DrafterKind, K, MaskTokenId, MaxNew, Seed, Strategy,
-                     Target, TauMargin, Temperature, VMax, decode_config, drafter_block_size, err_console, fail, friendly_errors, load_kernels,
-                     quiet_transformers)
-from .defaults import default_models
+from .common import err_console, fail, friendly_errors, quiet_transformers
+from .options import engine_options
 
 
 class TextStream:
@@ -40,62 +38,51 @@ class TextStream:
         return delta
 
 
+def _terminate(signum, frame):
+    raise KeyboardInterrupt             # `kill` keeps what was generated, like Ctrl+C
+
+
+def check_trace_path(trace: Path) -> None:
+    """Fail before loading anything when the trace cannot be written."""
+    if trace.is_dir():
+        fail(f"--trace {trace} is a directory; give a file path")
+    parent = trace.expanduser().resolve().parent
+    if not parent.is_dir():
+        fail(f"--trace {trace}: the folder {parent} does not exist")
+
+
 @friendly_errors
+@engine_options()
 def generate(
     prompt: Annotated[str, typer.Argument(help="The prompt text ('-' reads it from standard input).")],
-    target: Target = None,
-    draft: Draft = None,
-    drafter: DrafterKind = "auto",
-    mask_token_id: MaskTokenId = None,
-    strategy: Strategy = "cure",
-    max_new_tokens: MaxNew = 256,
-    temperature: Temperature = 0.0,
-    seed: Seed = 0,
-    k: K = None,
-    tau_margin: TauMargin = 1.0,
-    b_max: BMax = 5,
-    v_max: VMax = "auto",
-    kv_cache: KVCache = "static",
-    compile: Compile = False,
-    kernels: Kernels = "auto",
-    draft_vocab: DraftVocabN = "auto",
-    device: Device = "cpu",
-    dtype: DType = "float32",
-    device_map: DeviceMap = None,
-    chat: Annotated[Optional[bool], typer.Option("--chat/--raw", help="Wrap the prompt in the chat template (default when the tokenizer has one) or send raw text.")] = None,
     trace: Annotated[Optional[Path], typer.Option("--trace", help="Write every Block to this JSONL trace (for `cure inspect`).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print exactly one JSON object instead of streaming text.")] = False,
+    *, args: EngineArgs,
 ) -> None:
     """Generate text with one decoding strategy; streams tokens as blocks are accepted."""
-    from cure_core.engine import Engine                    # torch / transformers load here, not at --help
-    from cure_core.models import encode_prompt, load_pair
+    from cure_core.api import open_pair                  # torch / transformers load here, not at --help
+    from cure_core.metrics import summarize
+    from cure_core.trace import TraceWriter
     quiet_transformers()
     if prompt == "-":
         prompt = sys.stdin.read()
     if not prompt.strip():
         fail("the prompt is empty")
-    cfg = decode_config(strategy, max_new_tokens, temperature, seed, k, tau_margin, b_max, v_max, kv_cache=kv_cache, compile=compile)
-    target, draft, strategy_note = default_models(target, draft, cfg.strategy)
-    if strategy_note:
-        err_console.print(f"[yellow]note:[/] {strategy_note.message}")
-        cfg = cfg.with_(strategy=strategy_note.strategy)
-    draft_vocab = resolve_draft_vocab(draft_vocab, device, device_map)     # "auto" -> a number of ids
-    loaded = load_pair(target, draft, drafter=drafter, mask_token_id=mask_token_id,
-                       ar_draft=draft if cfg.strategy == "sd" else None, device=device, dtype=dtype,
-                       device_map=device_map, kernels=load_kernels(kernels, compile), draft_vocab=draft_vocab)
-    if k is None and (trained := drafter_block_size(loaded.pair)):
-        cfg = cfg.with_(k=trained)                       # draft the block length the drafter was trained for
-    tok = loaded.tokenizer
-    use_chat = chat if chat is not None else bool(getattr(tok, "chat_template", None))
-    ids = encode_prompt(tok, prompt, use_chat)
-    engine = Engine(loaded.pair, cfg)
-    stream = TextStream(tok)
+    if trace is not None:
+        check_trace_path(trace)
+    loaded = open_pair(args)
+    for note in loaded.notes:
+        err_console.print(f"[yellow]note:[/] {note}", highlight=False)
+    cfg = loaded.config
+    ids = loaded.encode(prompt)
+    stream = TextStream(loaded.tokenizer)
     blocks = []
     writer = TraceWriter(trace, models=loaded.pair.names, config=cfg.to_dict()) if trace else None
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         if writer:
             writer.begin(ids, prompt, cfg.strategy, cfg.to_dict())
-        for block in engine.generate(ids):
+        for block in loaded.engine.generate(ids, cfg):
             blocks.append(block)
             if writer:
                 writer.block(block)
@@ -120,7 +107,7 @@ def generate(
                       "blocks": stats.blocks, "new_tokens": stats.new_tokens,
                       "repair_win_rate": stats.repair_win_rate, "mean_tree_size": stats.mean_tree_size},
             "kernels": loaded.kernels,
-            "draft_vocab": draft_vocab,
+            "draft_vocab": loaded.draft_vocab,
         }))
         return
     sys.stdout.write(stream.flush() + "\n")

@@ -9,7 +9,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from .common import Device, LoggedProgress, err_console, friendly_errors, quiet_transformers
+from .common import LoggedProgress, err_console, friendly_errors, quiet_transformers
+from .options import engine_option
+
+Device = engine_option("device")
+Target = engine_option("target")
 
 console = Console()
 
@@ -50,8 +54,8 @@ def print_eval(ev: dict) -> None:
 
 @friendly_errors
 def train_drafter(
-    target: Annotated[str, typer.Option("--target", "-t", help="Target model: HF id, folder or embedded alias.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (drafter, checkpoints, features, eval.json).")],
+    target: Target = None,
     kind: Annotated[str, typer.Option("--kind", help="dflash (conditioned on target hidden states) | pard (small causal LM with a mask token).")] = "dflash",
     corpus: Annotated[Optional[list[str]], typer.Option("--corpus", help="stdlib | self-distill | a text file or folder; repeatable.")] = None,
     steps: Annotated[int, typer.Option("--steps", help="Optimizer steps.")] = 1000,
@@ -102,7 +106,8 @@ def train_drafter(
     if eval_set == "humaneval" and eval_prompts > 0:
         from cure_tasks import humaneval                    # the packaged HumanEval prompts
         eval_texts = [p.prompt for p in humaneval.load(limit=eval_prompts)]
-    opts = RunOptions(target=target, out=out, train=spec, data=data, device=device, layer_ids=ids,
+    from cure_core.embedded import DEFAULT_TARGET
+    opts = RunOptions(target=target or DEFAULT_TARGET, out=out, train=spec, data=data, device=device, layer_ids=ids,
                       pard_init=pard_init, pard_train_embeddings=pard_train_embeddings, resume=resume, eval_prompts=eval_prompts, eval_set=eval_set,
                       eval_new_tokens=eval_new_tokens, eval_texts=eval_texts)
     cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

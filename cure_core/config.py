@@ -2,9 +2,14 @@
 
 Defaults follow the CURE paper's primary configuration: block K=16 (tree depth 15),
 tau_margin=1.0, b_min=1, b_max=5, verification beam 5, at most one UFP per block.
+`DecodeConfig.from_user` is the one rule that turns user-level knobs (the CLI's flags, the API's
+keywords, the chat settings screen) into a config.
+
+Errors name config fields in backticks (`v_max`); the CLI rewrites them as its flags (--v-max).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, replace
 
 from .errors import CureError
@@ -15,6 +20,20 @@ KV_LAYOUTS = ("static", "dynamic")
 
 class ConfigError(CureError, ValueError):
     """An invalid decoding configuration (bad K, budget, temperature...)."""
+
+
+AUTO_CEILING = 64                 # v_max "auto": the largest tree the budget tuner may choose
+
+
+def parse_auto_int(value, field: str) -> int | None:
+    """'auto' -> None; an int or a numeric string -> int; anything else is a ConfigError naming `field`."""
+    text = str(value).strip().lower()
+    if text == "auto":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"`{field}` takes a number or auto, got {value!r}") from None
 
 
 @dataclass(frozen=True)
@@ -49,21 +68,25 @@ class DecodeConfig:
         if self.kv_cache not in KV_LAYOUTS:
             raise ConfigError(f"unknown KV cache layout {self.kv_cache!r}; choose one of {', '.join(KV_LAYOUTS)}")
         if self.compile and self.kv_cache != "static":
-            raise ConfigError("--compile needs the static KV cache (--kv-cache static)")
+            raise ConfigError("`compile` needs the static KV cache (`kv_cache` static)")
+        for name in ("temperature", "tau_margin", "margin_scale"):
+            value = getattr(self, name)
+            if value is not None and not math.isfinite(value):
+                raise ConfigError(f"`{name}` must be a finite number, got {value}")
         if self.k < 2:
             raise ConfigError(f"K must be at least 2 (the root plus one drafted token), got {self.k}")
         if self.k > 128:
             raise ConfigError(f"K={self.k} is too large (at most 128)")
         if self.max_new_tokens < 1:
-            raise ConfigError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
+            raise ConfigError(f"`max_new_tokens` must be at least 1, got {self.max_new_tokens}")
         if self.temperature < 0:
-            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
+            raise ConfigError(f"`temperature` must be >= 0, got {self.temperature}")
         if self.tau_margin < 0:
-            raise ConfigError(f"tau_margin must be >= 0, got {self.tau_margin}")
+            raise ConfigError(f"`tau_margin` must be >= 0, got {self.tau_margin}")
         if self.margin_scale is not None and self.margin_scale <= 0:
             raise ConfigError(f"margin_scale must be > 0, got {self.margin_scale}")
         if not 0 <= self.b_min <= self.b_max:
-            raise ConfigError(f"need 0 <= b_min <= b_max, got b_min={self.b_min} b_max={self.b_max}")
+            raise ConfigError(f"need 0 <= b_min <= `b_max`, got b_min={self.b_min} b_max={self.b_max}")
         if self.max_ufps < 0:
             raise ConfigError(f"max_ufps must be >= 0, got {self.max_ufps}")
         if self.beam < 1:
@@ -73,7 +96,25 @@ class DecodeConfig:
         # Rule: the budget never cuts branch 0, so it must at least hold the drafted block.
         if self.strategy in ("sd", "parallel", "cure", "ddtree") and self.v_max < self.k - 1:
             raise ConfigError(f"v_max={self.v_max} is smaller than the drafted block (K-1={self.k - 1}); "
-                              f"raise --v-max or lower --k")
+                              f"raise `v_max` or lower `k`")
+
+    @classmethod
+    def from_user(cls, base: "DecodeConfig | None" = None, *, k: int | None = None, v_max: int | str = "auto",
+                  b_max: int | None = None, **fields) -> "DecodeConfig":
+        """The one rule from user-level knobs to a config (CLI flags, API keywords, chat settings).
+
+        k None: 16 (the paper's block). v_max 'auto' (or None): the budget tuner picks the budget per
+        block with AUTO_CEILING as its ceiling (never below the drafted block); a number fixes it.
+        b_max sets the repair fan-out, and with it b_min = min(1, b_max) and top_k >= b_max + 1 (the
+        alternatives a UFP can graft). Other fields pass through; `base` supplies the rest.
+        """
+        base = base or cls()
+        k = 16 if k is None else k
+        b_max = base.b_max if b_max is None else b_max
+        budget = parse_auto_int(v_max, "v_max") if v_max is not None else None
+        v = max(AUTO_CEILING, k - 1) if budget is None else budget
+        return replace(base, k=k, b_max=b_max, b_min=min(base.b_min, b_max), top_k=max(base.top_k, b_max + 1),
+                       v_max=v, auto_budget=budget is None, **fields)
 
     @property
     def depth(self) -> int:

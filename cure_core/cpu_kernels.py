@@ -50,7 +50,7 @@ def resolve_kernels(kernels: str, model: nn.Module) -> bool:
         return False
     why = unavailable_reason(model)
     if kernels == "packed" and why:
-        raise ValueError(f"--kernels packed: {why}")
+        raise ValueError(f"`kernels` packed: {why}")
     return why is None
 
 
@@ -74,7 +74,7 @@ class PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() and (x.requires_grad or (self.weight is not None and self.weight.requires_grad)):
             if self.weight is None:
-                raise RuntimeError("this layer was packed for inference (--kernels packed); "
+                raise RuntimeError("this layer was packed for inference (`kernels` packed); "
                                    "load the model with kernels='eager' to train through it")
             return F.linear(x, self.weight, self.bias)
         shape = x.shape                                                # [..., in]

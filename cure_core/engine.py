@@ -49,25 +49,55 @@ class ModelPair:
             return None
         if strategy == "sd":
             if self.ar_drafter is None:
-                raise ConfigError("strategy 'sd' needs an autoregressive draft model (--ar-draft, or --drafter ar)")
+                raise ConfigError("strategy 'sd' needs an autoregressive draft model (`ar_draft`, or a PARD or AR `draft`)")
             return self.ar_drafter
         if self.drafter is None:
-            raise ConfigError(f"strategy {strategy!r} needs a block-parallel drafter (--draft)")
+            raise ConfigError(f"strategy {strategy!r} needs a block-parallel drafter (`draft`)")
         return self.drafter
 
 
 class Engine:
-    def __init__(self, pair: ModelPair, cfg: DecodeConfig):
-        self.pair = pair
-        self.cfg = cfg
-        self.drafter = pair.drafter_for(cfg.strategy)
-        layers = self.drafter.target_layers if self.drafter is not None else ()
-        self.target = CachedLM(pair.target, hidden_layers=layers, kv=cfg.kv_cache, compile=cfg.compile)
-        self.device = self.target.device
-        self.tuner: BudgetTuner | None = None            # built at the first generation (--v-max auto)
+    """Decodes with one ModelPair under any DecodeConfig, and keeps what it learns between generations:
+    the budget tuner of each config (chat turns and bench prompts share it) and the target's KV
+    buffers of each execution layout. `cfg` given here is the default for `generate`."""
 
-    def _make_tuner(self) -> BudgetTuner:
-        cfg = self.cfg
+    def __init__(self, pair: ModelPair, cfg: DecodeConfig | None = None):
+        self.pair = pair
+        self.cfg = cfg if cfg is not None else DecodeConfig()
+        if cfg is not None:
+            pair.drafter_for(cfg.strategy)                    # fail early: the strategy needs its drafter
+        self._targets: dict[tuple, CachedLM] = {}             # (hidden layers, kv layout, compile) -> cache
+        self._tuners: dict[DecodeConfig, BudgetTuner] = {}    # tuner_key(cfg) -> its tuner
+
+    # Rule: a tuner learns acceptance and costs for one tree policy on one execution path; the length,
+    # seed and temperature of a generation do not change either, so they share it.
+    @staticmethod
+    def tuner_key(cfg: DecodeConfig) -> DecodeConfig:
+        return cfg.with_(max_new_tokens=1, seed=0, temperature=0.0, stop_at_eos=True)
+
+    @property
+    def tuner(self) -> BudgetTuner | None:
+        """The default config's budget tuner, once a generation has made it."""
+        return self._tuners.get(self.tuner_key(self.cfg))
+
+    def tuner_for(self, cfg: DecodeConfig) -> BudgetTuner | None:
+        """The budget tuner `cfg` decodes with (kept across generations); None without `v_max` auto."""
+        if not cfg.auto_budget or self.pair.drafter_for(cfg.strategy) is None:
+            return None
+        key = self.tuner_key(cfg)
+        if key not in self._tuners:
+            self._tuners[key] = self._make_tuner(cfg)
+        return self._tuners[key]
+
+    def target_for(self, cfg: DecodeConfig) -> CachedLM:
+        drafter = self.pair.drafter_for(cfg.strategy)
+        layers = drafter.target_layers if drafter is not None else ()
+        key = (tuple(layers), cfg.kv_cache, cfg.compile)
+        if key not in self._targets:
+            self._targets[key] = CachedLM(self.pair.target, hidden_layers=layers, kv=cfg.kv_cache, compile=cfg.compile)
+        return self._targets[key]
+
+    def _make_tuner(self, cfg: DecodeConfig) -> BudgetTuner:
         curve = measure_cost_curve(self.pair.target, max_size=cfg.v_max, kv=cfg.kv_cache, compile=cfg.compile)
         # Budget 0 skips drafting (a plain ar step: where verifying even 2 tokens costs more than the
         # drafts win back, e.g. a CPU); budgets up to K-1 shorten the block itself (branch 0 stays whole,
@@ -76,20 +106,20 @@ class Engine:
         wider = [] if cfg.strategy in CHAIN_STRATEGIES else [s for s in SIZES if cfg.depth < s < cfg.v_max] + [cfg.v_max]
         return BudgetTuner(curve, sorted(set(shorter + wider)))
 
-    def _now(self) -> float:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
-
-    def generate(self, prompt_ids: Sequence[int]) -> Iterator[Block]:
-        """Yield one Block per target forward until a stop; closing the generator stops early."""
+    def generate(self, prompt_ids: Sequence[int], cfg: DecodeConfig | None = None, *,
+                 timings: bool = True) -> Iterator[Block]:
+        """Yield one Block per target forward until a stop; closing the generator stops early.
+        `timings=False` skips the device syncs that make per-step timings exact on a GPU (the budget
+        tuner needs them, so --v-max auto keeps them)."""
+        cfg = cfg if cfg is not None else self.cfg
+        target = self.target_for(cfg)
         try:
-            yield from self._decode(prompt_ids)
+            yield from self._decode(prompt_ids, cfg, target, timings)
         finally:
-            self.target.reset()          # free the KV cache once the generation ends or is abandoned
+            target.reset()          # free the KV cache once the generation ends or is abandoned
 
-    def _decode(self, prompt_ids: Sequence[int]) -> Iterator[Block]:
-        cfg, drafter, target = self.cfg, self.drafter, self.target
+    def _decode(self, prompt_ids: Sequence[int], cfg: DecodeConfig, target: CachedLM, timings: bool) -> Iterator[Block]:
+        drafter = self.pair.drafter_for(cfg.strategy)
         prompt = [int(t) for t in prompt_ids]
         limit = self.pair.context_limit
         if not prompt:
@@ -99,19 +129,18 @@ class Engine:
                                   f"(no room to generate)")
         gen = torch.Generator().manual_seed(cfg.seed)
         eos = set(self.pair.eos_ids) if cfg.stop_at_eos else set()
-        if cfg.auto_budget and drafter is not None and self.tuner is None:
-            self.tuner = self._make_tuner()
-        tuner = self.tuner
+        tuner = self.tuner_for(cfg)
+        now = _clock(target.device, sync=timings or tuner is not None)
 
         # Step 0. Prefill: every prompt token but the last; the last becomes the first root.
-        t0 = self._now()
+        t0 = now()
         # A static cache holds the whole generation plus one tree of scratch rows (padded for static shapes).
         target.reset(capacity=min(len(prompt) + cfg.max_new_tokens, limit) + padded_size(cfg.v_max + 1) + 2)
         pre = target.prefill(prompt[:-1])
         if drafter is not None:
             drafter.reset(prompt[:-1], pre.hidden if pre is not None else None)
         root = prompt[-1]
-        prefill_ms = (self._now() - t0) * 1e3
+        prefill_ms = (now() - t0) * 1e3
         new = 0
         index = 0
         while True:
@@ -129,14 +158,14 @@ class Engine:
                 block_cfg = cfg.with_(v_max=budget)
 
             # Step 1. Draft a block.
-            t_draft = self._now()
+            t_draft = now()
             proposal = drafter.propose(root, room, cfg.top_k) if drafter is not None and room > 0 else None
 
             # Steps 2-5. UFPs, branch budget, repair branches (re-drafted inside), trie under V_max.
-            t_tree = self._now()
+            t_tree = now()
             plan = build_tree(block_cfg, proposal, drafter)
             tree = plan.tree
-            t_tree_end = self._now()
+            t_tree_end = now()
 
             # Step 6. Verify: one target forward over [root, nodes]; node i is scratch row i + 1.
             fwd = target.forward([root] + tree.tokens, [-1] + [p + 1 for p in tree.parents])
@@ -146,7 +175,7 @@ class Engine:
                 bonus = int(pred[path[-1] + 1 if path else 0])
             else:
                 path, bonus = sample_accept(tree, fwd.logits, cfg.temperature, gen)
-            t_verify = self._now()
+            t_verify = now()
 
             # Step 7. Commit: keep exactly root + accepted nodes in the target cache; resync the drafter.
             target.commit([0] + [i + 1 for i in path])
@@ -158,10 +187,10 @@ class Engine:
             if drafter is not None:
                 hidden = fwd.hidden[[0] + [i + 1 for i in resync_nodes]] if fwd.hidden is not None else None
                 drafter.advance([root] + resync_tokens, hidden)
-            t_commit = self._now()
+            t_commit = now()
 
             emitted = [tree.tokens[i] for i in path] + [bonus]
-            emitted, stop = self._cut(emitted, new, len(prompt), limit, eos)
+            emitted, stop = _cut(emitted, cfg.max_new_tokens - new, len(prompt) + new, limit, eos)
             accepted = set(path)
             nodes = tuple(TreeNode(token=tree.tokens[i], parent=tree.parents[i], depth=tree.depths[i],
                                    branch=tree.branches[i], accepted=i in accepted) for i in range(len(tree)))
@@ -195,17 +224,29 @@ class Engine:
             return {}
         return {"v_max": budget, "predicted_speedup": tuner.last_prediction}
 
-    def _cut(self, emitted: list[int], new: int, prompt_len: int, limit: int, eos: set[int]):
-        """Cut a block's emission at the first stop: eos (kept), max_new_tokens, the context end."""
-        for j, tok in enumerate(emitted):
-            if tok in eos:
-                return emitted[: j + 1], "eos"
-        budget = self.cfg.max_new_tokens - new
-        if len(emitted) >= budget:
-            return emitted[:budget], "max_new_tokens"
-        if prompt_len + new + len(emitted) >= limit:
-            return emitted[: limit - prompt_len - new], "context"
-        return emitted, None
+
+
+def _cut(emitted: list[int], room: int, length: int, limit: int, eos: set[int]):
+    """Cut a block's emission at the first stop: eos (kept), max_new_tokens (`room` tokens left), the
+    context end (`length` tokens so far, prompt included)."""
+    for j, tok in enumerate(emitted):
+        if tok in eos:
+            return emitted[: j + 1], "eos"
+    if len(emitted) >= room:
+        return emitted[:room], "max_new_tokens"
+    if length + len(emitted) >= limit:
+        return emitted[: limit - length], "context"
+    return emitted, None
+
+
+def _clock(device: torch.device, sync: bool):
+    """perf_counter, after a device sync when exact timings are wanted on a GPU."""
+    if sync and device.type == "cuda":
+        def now() -> float:
+            torch.cuda.synchronize(device)
+            return time.perf_counter()
+        return now
+    return time.perf_counter
 
 
 def _branch0_chain(tree: DraftTree) -> list[int]:
@@ -216,6 +257,6 @@ def _branch0_chain(tree: DraftTree) -> list[int]:
 def generate_ids(pair: ModelPair, cfg: DecodeConfig, prompt_ids: Sequence[int]) -> list[int]:
     """Convenience: the new token ids of one generation."""
     out: list[int] = []
-    for block in Engine(pair, cfg).generate(prompt_ids):
+    for block in Engine(pair).generate(prompt_ids, cfg):
         out.extend(block.emitted)
     return out

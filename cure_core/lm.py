@@ -120,8 +120,8 @@ class CachedLM:
         self.eager = model if head else model.get_decoder()
         self.run = self.eager
         if compile and is_packed(model):
-            raise ValueError("--compile cannot trace packed CPU layers (inductor packs weights itself); "
-                             "load the model with --kernels eager")
+            raise ValueError("`compile` cannot trace packed CPU layers (inductor packs weights itself); "
+                             "load the model with `kernels` eager")
         self.graphs = compile and self.device.type == "cuda"     # compiled forwards replay CUDA graphs
         if compile:
             # On a GPU "reduce-overhead" replays CUDA graphs: one per padded size.

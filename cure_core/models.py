@@ -1,16 +1,25 @@
-"""Loading real Hugging Face models into a ModelPair, with clear errors for bad input."""
+"""The drafter factory: loading real Hugging Face models into a ModelPair, with clear errors for bad input.
+
+`load_pair` (checkpoints by name) and `build_pair` (models already in memory: tests, benchmark
+scripts) are the only places drafters are built, the chain drafter a PARD checkpoint doubles as
+included. `LoadedPair` is what a load returns: the pair, its tokenizer and one Engine that keeps
+what it learns across generations (cure_core/api.py's `load()` fills in the CLI's defaults).
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator, Sequence
 
 import torch
 
+from .block import Block
+from .config import DecodeConfig
 from .cpu_kernels import KERNELS, pack_linears, resolve_kernels
 from .drafters.causal import ArDrafter, PardDrafter
-from .drafters.dflash import is_dflash_config, load_dflash
+from .drafters.dflash import DFlashModel, drafter_from_model, is_dflash_config, load_dflash_model
 from .drafters.vocab import lowest_ids
-from .engine import ModelPair
+from .engine import Engine, ModelPair
 from .errors import ModelLoadError
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
@@ -19,11 +28,55 @@ DRAFTER_KINDS = ("auto", "pard", "ar", "dflash")
 
 
 @dataclass
+class Generation:
+    """One finished generation: the text, its token ids, every Block, and the summary stats."""
+    text: str
+    token_ids: list[int]
+    blocks: list[Block]
+    stats: object                 # cure_core.metrics.RunStats
+
+
+@dataclass
 class LoadedPair:
     pair: ModelPair
     tokenizer: object             # the target's tokenizer
-    drafter_kind: str | None      # what --drafter auto resolved to
-    kernels: str = "eager"        # what --kernels auto resolved to: packed | eager (cpu_kernels.py)
+    drafter_kind: str | None      # what `drafter` auto resolved to
+    kernels: str = "eager"        # what `kernels` auto resolved to: packed | eager (cpu_kernels.py)
+    config: DecodeConfig = field(default_factory=DecodeConfig)   # what generate() runs unless told otherwise
+    draft_vocab: int = 0          # causal drafters' fixed id count (0: the whole vocabulary)
+    chat: bool | None = None      # chat template for text prompts; None: when the tokenizer has one
+    notes: tuple[str, ...] = ()   # what the defaults changed (e.g. a strategy that cannot run here)
+    _engine: Engine | None = field(default=None, repr=False)
+
+    @property
+    def engine(self) -> Engine:
+        """One engine for the pair's lifetime: its budget tuners carry over between generations."""
+        if self._engine is None:
+            self._engine = Engine(self.pair, self.config)
+        return self._engine
+
+    def encode(self, prompt: str, history: list[dict] | None = None, chat: bool | None = None) -> list[int]:
+        """Prompt text -> ids: the chat template (with the generation prompt) when the tokenizer has one,
+        unless `chat` (or the pair's `chat`) says raw."""
+        chat = chat if chat is not None else self.chat
+        use = chat if chat is not None else bool(getattr(self.tokenizer, "chat_template", None))
+        return encode_prompt(self.tokenizer, prompt, use, history=history)
+
+    def config_for(self, **changes) -> DecodeConfig:
+        """The default config with some fields changed (e.g. strategy, max_new_tokens)."""
+        return self.config.with_(**changes) if changes else self.config
+
+    def stream(self, prompt: str | Sequence[int], **changes) -> Iterator[Block]:
+        """Blocks of one generation as they are accepted; `prompt` is text (encoded) or token ids."""
+        ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        return self.engine.generate(ids, self.config_for(**changes))
+
+    def generate(self, prompt: str | Sequence[int], **changes) -> Generation:
+        from .metrics import summarize
+        blocks = list(self.stream(prompt, **changes))
+        ids = [t for b in blocks for t in b.emitted]
+        return Generation(text=self.tokenizer.decode(ids, skip_special_tokens=True), token_ids=ids,
+                          blocks=blocks, stats=summarize(blocks))
 
 
 def resolve(name: str) -> str:
@@ -107,10 +160,10 @@ def detect_drafter(model, kind: str, mask_token_id: int | None) -> tuple[str, in
     if kind == "pard":
         mask_token_id = mask_token_id if mask_token_id is not None else getattr(cfg, "pard_token", None)
         if mask_token_id is None:
-            raise ModelLoadError("a PARD drafter needs its mask token id: pass --mask-token-id "
+            raise ModelLoadError("a PARD drafter needs its mask token id: give `mask_token_id` "
                                  "(or use a checkpoint whose config has pard_token)")
     if kind == "dflash" and not is_dflash_config(cfg):
-        raise ModelLoadError("--drafter dflash needs a DFlash checkpoint (a config with a DFlash architecture "
+        raise ModelLoadError("`drafter` dflash needs a DFlash checkpoint (a config with a DFlash architecture "
                              "or a dflash_config section)")
     return kind, mask_token_id
 
@@ -136,55 +189,79 @@ def _draft_folder_config(name: str) -> tuple[str, dict | None]:
 def load_pair(target: str, draft: str | None = None, *, drafter: str = "auto", mask_token_id: int | None = None,
               ar_draft: str | None = None, device: str = "cpu", dtype: str = "float32",
               device_map: str | None = None, kernels: str = "auto", draft_vocab: int = 0) -> LoadedPair:
-    """The target, its tokenizer and the drafters a decode needs. `draft_vocab` N > 0 limits causal
-    drafters' heads (PARD, AR, the --ar-draft model) to ids < N plus the context's (DraftVocab);
-    a DFlash drafter uses the vocabulary saved in its checkpoint, if any."""
+    """The target, its tokenizer and the drafters a decode needs, loaded by name. `draft_vocab` N > 0
+    limits causal drafters' heads (PARD, AR, the chain draft) to ids < N plus the context's
+    (DraftVocab); a DFlash drafter uses the vocabulary saved in its checkpoint, if any."""
     if drafter not in DRAFTER_KINDS:
         raise ModelLoadError(f"unknown drafter kind {drafter!r}; choose one of {', '.join(DRAFTER_KINDS)}")
     if kernels not in KERNELS:
         raise ModelLoadError(f"unknown kernels {kernels!r}; choose one of {', '.join(KERNELS)}")
     if kernels == "packed" and device_map:
-        raise ModelLoadError("--kernels packed does not combine with --device-map (accelerate's hooks)")
+        raise ModelLoadError("`kernels` packed does not combine with `device_map` (accelerate's hooks)")
     if draft_vocab < 0:
-        raise ModelLoadError(f"--draft-vocab must be >= 0 (0: the whole vocabulary), got {draft_vocab}")
+        raise ModelLoadError(f"`draft_vocab` must be >= 0 (0: the whole vocabulary), got {draft_vocab}")
     tmodel, tpath = load_model(target, device, dtype, device_map)
     tok = load_tokenizer(tpath)
-    vocab = len(tok)
-    low = lowest_ids(draft_vocab, vocab)
     names = {"target": target}
-    block_drafter, ar_drafter, kind = None, None, None
-    models = [tmodel]                                   # every network a decode runs (packed together)
     draft_device = device if not device_map else str(next(tmodel.parameters()).device)
+    dmodel, dflash_vocab, amodel = None, None, None
     dfolder, dcfg = _draft_folder_config(draft) if draft else (None, None)
-    if draft and dcfg is not None and is_dflash_config(dcfg) and drafter not in ("auto", "dflash"):
-        raise ModelLoadError(f"{draft!r} is a DFlash drafter, not a causal LM; use --drafter dflash (or auto)")
     if draft and dcfg is not None and is_dflash_config(dcfg):
         # A DFlash checkpoint is not a causal LM: its own layers, the target's embedding and lm_head.
+        if drafter not in ("auto", "dflash"):
+            raise ModelLoadError(f"{draft!r} is a DFlash drafter, not a causal LM; use `drafter` dflash (or auto)")
         check_tokenizers_match(tok, load_tokenizer(dfolder, required=False), draft)
-        block_drafter = load_dflash(dfolder, tmodel, vocab_size=vocab)
-        models.append(block_drafter.model)
-        kind = "dflash"
-        names["draft"] = draft
+        dmodel, dflash_vocab = load_dflash_model(dfolder, tmodel)
     elif draft:
         dmodel, dpath = load_model(draft, draft_device, dtype)
         check_tokenizers_match(tok, load_tokenizer(dpath, required=False), draft)
-        kind, mask_token_id = detect_drafter(dmodel, drafter, mask_token_id)
-        models.append(dmodel)
-        if kind == "pard":
-            block_drafter = PardDrafter(dmodel, mask_token_id, vocab_size=vocab, draft_vocab=low)
-        else:
-            block_drafter = ar_drafter = ArDrafter(dmodel, vocab_size=vocab, draft_vocab=low)
+    if draft:
         names["draft"] = draft
-    if ar_draft:
+    if ar_draft and ar_draft != draft:
         amodel, apath = load_model(ar_draft, draft_device, dtype)
         check_tokenizers_match(tok, load_tokenizer(apath, required=False), ar_draft)
-        ar_drafter = ArDrafter(amodel, vocab_size=vocab, draft_vocab=low)
+    if ar_draft:
         names["ar_draft"] = ar_draft
-        models.append(amodel)
+    pair, kind = build_pair(tmodel, dmodel, drafter=drafter, mask_token_id=mask_token_id,
+                            ar_draft=amodel if amodel is not None else (dmodel if ar_draft else None),
+                            vocab_size=len(tok), draft_vocab=draft_vocab, dflash_vocab=dflash_vocab,
+                            eos_ids=eos_ids(tmodel, tok), names=names)
+    models = [m for m in (tmodel, dmodel, amodel) if m is not None]   # every network a decode runs
     packed = apply_kernels(kernels if not device_map else "eager", models)
-    pair = ModelPair(target=tmodel, drafter=block_drafter, ar_drafter=ar_drafter, eos_ids=eos_ids(tmodel, tok),
-                     names=names)
-    return LoadedPair(pair=pair, tokenizer=tok, drafter_kind=kind, kernels="packed" if packed else "eager")
+    return LoadedPair(pair=pair, tokenizer=tok, drafter_kind=kind, kernels="packed" if packed else "eager",
+                      draft_vocab=draft_vocab)
+
+
+def build_pair(target, draft=None, *, drafter: str = "auto", mask_token_id: int | None = None, ar_draft=None,
+               vocab_size: int | None = None, draft_vocab: int = 0, dflash_vocab: torch.Tensor | None = None,
+               eos_ids: Sequence[int] = (), names: dict | None = None,
+               max_context: int | None = None) -> tuple[ModelPair, str | None]:
+    """Drafters over models already in memory -> (ModelPair, the drafter kind `auto` resolved to).
+
+    `draft`: a causal LM (PARD or AR, by `drafter` / its config) or a DFlashModel; `ar_draft`: a causal
+    LM drafting sd's chains. Rules: an AR draft is both the block drafter (chains CURE repairs) and the
+    chain drafter; a PARD drafter doubles as the chain drafter (same weights, its own cache) unless a
+    separate `ar_draft` is given. `vocab_size`: the target tokenizer's (drafts past it never proposed)."""
+    vocab = vocab_size if vocab_size is not None else int(target.config.vocab_size)
+    low = lowest_ids(draft_vocab, vocab)
+    block, chain, kind = None, None, None
+    if isinstance(draft, DFlashModel):
+        if drafter not in ("auto", "dflash"):
+            raise ModelLoadError(f"a DFlash network is not a causal LM; use `drafter` dflash (or auto), not {drafter!r}")
+        block, kind = drafter_from_model(draft, target, vocab_size=vocab, draft_vocab=dflash_vocab), "dflash"
+    elif draft is not None:
+        kind, mask_token_id = detect_drafter(draft, drafter, mask_token_id)
+        if kind == "pard":
+            block = PardDrafter(draft, mask_token_id, vocab_size=vocab, draft_vocab=low,
+                                block_size=getattr(draft.config, "pard_block_size", None))
+            chain = block.chain()
+        else:
+            block = chain = ArDrafter(draft, vocab_size=vocab, draft_vocab=low)
+    if ar_draft is not None and ar_draft is not draft:
+        chain = ArDrafter(ar_draft, vocab_size=vocab, draft_vocab=low)
+    pair = ModelPair(target=target, drafter=block, ar_drafter=chain, eos_ids=tuple(eos_ids),
+                     max_context=max_context, names=dict(names or {}))
+    return pair, kind
 
 
 def eos_ids(model, tokenizer) -> tuple[int, ...]:
@@ -215,7 +292,7 @@ def encode_prompt(tokenizer, text: str, chat: bool, history: list[dict] | None =
     """Chat template (with the generation prompt) or raw text -> token ids."""
     if chat:
         if not getattr(tokenizer, "chat_template", None):
-            raise ModelLoadError("this tokenizer has no chat template; use --raw")
+            raise ModelLoadError("this tokenizer has no chat template; send raw text (`chat`=False)")
         messages = list(history or []) + [{"role": "user", "content": text}]
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):

@@ -276,16 +276,15 @@ def test_end_to_end_all_strategies_with_ablation(tiny_dirs, prompts_file, tmp_pa
             assert (out / png).stat().st_size > 0
 
 
-def test_tables_sd_skip_and_code_exec(tiny_dirs, prompts_file, tmp_path):
+def test_tables_pard_chain_sd_and_code_exec(tiny_dirs, prompts_file, tmp_path):
     out = tmp_path / "run"
-    # no --ar-draft and a PARD --draft: sd is skipped with a one-line note; code is run when allowed
+    # no --ar-draft and a PARD --draft: the PARD model doubles as sd's chain drafter; code is run when allowed
     r = bench(tiny_dirs, prompts_file, out, "--strategies", "ar,sd,cure", "--allow-code-exec", "--limit", 1)
     assert r.exit_code == 0, r.output
-    assert "sd skipped: no autoregressive draft model" in r.stderr
     assert "tau" in r.stdout and "TPOT" in r.stdout and "lossless" in r.stdout
     res = json.loads((out / "results.json").read_text())
-    assert list(res["metrics"]) == ["ar", "cure"]
-    assert res["skipped"][0]["strategy"] == "sd"
+    assert list(res["metrics"]) == ["ar", "sd", "cure"] and res["skipped"] == []
+    assert res["lossless"]["sd"]["identical"] == 1
     assert res["scoring"]["note"] is None and res["scoring"]["metric"] == "pass@1"
     assert res["scoring"]["runs"]["ar"]["scored"] == 1
 

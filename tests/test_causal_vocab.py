@@ -79,5 +79,5 @@ def test_load_pair_gives_every_causal_drafter_the_vocabulary(tmp_path):
         assert drafter.vocab is not None and drafter.vocab.ids.tolist() == list(range(100))
     assert MASK_ID not in load_pair(str(t), str(d), draft_vocab=BYTE_VOCAB).pair.drafter.vocab.ids.tolist()
     assert load_pair(str(t), str(d)).pair.drafter.vocab is None                  # 0: the whole vocabulary
-    with pytest.raises(ModelLoadError, match="draft-vocab"):
+    with pytest.raises(ModelLoadError, match="draft_vocab"):
         load_pair(str(t), str(d), draft_vocab=-1)

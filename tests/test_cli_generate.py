@@ -111,7 +111,10 @@ def test_a_causal_draft_vocabulary_changes_the_drafts_not_the_output(tiny_dirs):
 
 
 def test_draft_vocab_auto_is_a_cpu_default():
-    from cure_cli.common import CPU_DRAFT_VOCAB, resolve_draft_vocab
+    from cure_core.options import CPU_DRAFT_VOCAB, EngineArgs
+
+    def resolve_draft_vocab(n, device, device_map=None):
+        return EngineArgs(draft_vocab=n, device=device, device_map=device_map).draft_vocab_ids()
     assert resolve_draft_vocab("auto", "cpu") == CPU_DRAFT_VOCAB
     assert resolve_draft_vocab("auto", "cuda") == 0 == resolve_draft_vocab("auto", "cpu", device_map="auto")
     assert resolve_draft_vocab("4096", "cuda") == 4096 and resolve_draft_vocab("0", "cpu") == 0

@@ -502,7 +502,7 @@ def test_load_pair_detects_and_builds_dflash(saved):
     assert load_pair(str(tdir), str(pard)).drafter_kind == "pard"      # PARD detection unchanged
     with pytest.raises(ModelLoadError, match="DFlash checkpoint"):
         load_pair(str(tdir), str(pard), drafter="dflash")
-    with pytest.raises(ModelLoadError, match="--drafter dflash"):
+    with pytest.raises(ModelLoadError, match="`drafter` dflash"):
         load_pair(str(tdir), str(ddir), drafter="ar")        # never loaded as a (random) causal LM
 
 

@@ -116,7 +116,7 @@ def test_autograd_uses_the_kept_head_weight_and_refuses_dropped_ones(packed):
 
 
 def test_compile_refuses_packed_layers(packed):
-    with pytest.raises(ValueError, match="--kernels eager"):
+    with pytest.raises(ValueError, match="`kernels` eager"):
         CachedLM(packed["target"], kv="static", compile=True)
 
 

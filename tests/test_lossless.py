@@ -226,7 +226,7 @@ def test_blocks_without_a_draft_keep_the_drafter_in_sync(target, strategy, monke
         def observe(self, block, budget):
             pass
 
-    monkeypatch.setattr(Engine, "_make_tuner", lambda self: Alternate())
+    monkeypatch.setattr(Engine, "_make_tuner", lambda self, cfg: Alternate())
     if strategy == "sd":
         pair = ModelPair(target=target, ar_drafter=ArDrafter(target, vocab_size=BYTE_VOCAB))
     else:
@@ -320,7 +320,8 @@ def test_the_tuner_measures_its_curve_through_the_engines_own_execution_path(pai
         return CostCurve((0, 1, 4), (10.0, 10.0, 12.0))
     monkeypatch.setattr(engine_mod, "measure_cost_curve", fake)
     for kv, compile in (("static", False), ("dynamic", False), ("static", True)):
-        Engine(pair, DecodeConfig(strategy="cure", auto_budget=True, kv_cache=kv, compile=compile))._make_tuner()
+        cfg = DecodeConfig(strategy="cure", auto_budget=True, kv_cache=kv, compile=compile)
+        Engine(pair, cfg)._make_tuner(cfg)
         assert seen[-1]["kv"] == kv and seen[-1]["compile"] == compile
     keys = {_model_key(pair.target, 128, kv, c) for kv, c in (("static", False), ("dynamic", False), ("static", True))}
     assert len(keys) == 3

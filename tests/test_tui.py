@@ -412,11 +412,12 @@ def test_sample_trace_is_small_and_current(sample):
 
 
 def test_the_chat_sd_drafter_shares_the_pard_drafters_vocabulary(target, drafts, tok):
-    """`cure chat` lets a PARD drafter double as the sd chain drafter: with the same draft vocabulary."""
-    from cure_core.drafters.vocab import lowest_ids
-    pair = ModelPair(target=target, drafter=PardDrafter(drafts["mild"], MASK_ID, vocab_size=BYTE_VOCAB,
-                                                        draft_vocab=lowest_ids(100, BYTE_VOCAB)))
-    engine = ModelEngine(LoadedPair(pair=pair, tokenizer=tok, drafter_kind="pard"))
+    """A PARD drafter doubles as the sd chain drafter (the factory builds it): with the same draft vocabulary."""
+    from cure_core.models import build_pair
+    pair, kind = build_pair(target, drafts["mild"], drafter="pard", mask_token_id=MASK_ID, vocab_size=BYTE_VOCAB,
+                            draft_vocab=100)
+    engine = ModelEngine(LoadedPair(pair=pair, tokenizer=tok, drafter_kind=kind))
     assert engine.pair.ar_drafter.vocab.fixed == list(range(100))
-    plain_pair = ModelPair(target=target, drafter=PardDrafter(drafts["mild"], MASK_ID, vocab_size=BYTE_VOCAB))
+    assert engine.pair.ar_drafter.model is engine.pair.drafter.model             # loaded once
+    plain_pair, _ = build_pair(target, drafts["mild"], drafter="pard", mask_token_id=MASK_ID, vocab_size=BYTE_VOCAB)
     assert ModelEngine(LoadedPair(pair=plain_pair, tokenizer=tok, drafter_kind="pard")).pair.ar_drafter.vocab is None

@@ -4,7 +4,8 @@
         for each run:           # ar, sd, parallel, cure, ddtree, then any CURE ablations
             generate, record, score
 
-Models are loaded once by the caller; one Engine per run is reused across prompts. Finished
+Models are loaded once by the caller; one Engine serves every run (each run's config keeps its own
+budget tuner across prompts). Finished
 (prompt, run) pairs are appended to `progress.jsonl` in the output directory (one JSON line
 each, flushed and fsynced), which is what `--resume` reads back.
 """
@@ -19,6 +20,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 from cure_core.block import Block
 from cure_core.config import DecodeConfig
 from cure_core.errors import CureError
+from cure_core.options import parse_list  # noqa: F401 - the --strategies / --ablate lists
 
 PROGRESS_FILE = "progress.jsonl"
 
@@ -42,16 +44,6 @@ class RunSpec:
     @property
     def ablation(self) -> bool:
         return self.name != self.strategy
-
-
-def parse_list(text: str | None) -> list[str]:
-    """'a, b,,a' -> ['a', 'b'] (order kept, duplicates dropped)."""
-    out: list[str] = []
-    for part in (text or "").split(","):
-        part = part.strip().lower()
-        if part and part not in out:
-            out.append(part)
-    return out
 
 
 def build_runs(base: DecodeConfig, strategies: Sequence[str], ablate: Sequence[str] = ()) -> list[RunSpec]:
@@ -126,24 +118,26 @@ def interleave(prompts: Sequence[BenchPrompt], runs: Sequence[RunSpec],
 
 
 def generate_pair(engine, prompt: BenchPrompt, run: RunSpec, decode: Callable[[list[int]], str]) -> PairResult:
-    blocks = list(engine.generate(list(prompt.ids)))
+    blocks = list(engine.generate(list(prompt.ids), run.config))
     tokens = [t for b in blocks for t in b.emitted]
     return PairResult(prompt_index=prompt.index, task_id=prompt.task_id, run=run.name, strategy=run.strategy,
                       prompt_ids=list(prompt.ids), token_ids=tokens, completion=decode(tokens), blocks=blocks)
 
 
-def warm_up(engines: dict, runs: Sequence[RunSpec], prompts: Sequence[BenchPrompt], n: int) -> None:
-    """n throw-away generations per run (cycling through the prompts), nothing recorded."""
+def warm_up(engine, runs: Sequence[RunSpec], prompts: Sequence[BenchPrompt], n: int, max_new_tokens: int) -> None:
+    """n throw-away generations of at most `max_new_tokens` per run (cycling through the prompts): the same
+    code paths, shorter; nothing recorded."""
     if not prompts:
         return
     for i in range(n):
         p = prompts[i % len(prompts)]
         for r in runs:
-            for _ in engines[r.name].generate(list(p.ids)):
+            cfg = r.config.with_(max_new_tokens=min(r.config.max_new_tokens, max_new_tokens))
+            for _ in engine.generate(list(p.ids), cfg):
                 pass
 
 
-def run_interleaved(engines: dict, runs: Sequence[RunSpec], prompts: Sequence[BenchPrompt],
+def run_interleaved(engine, runs: Sequence[RunSpec], prompts: Sequence[BenchPrompt],
                     done: Iterable[tuple[int, str]], decode: Callable[[list[int]], str],
                     score: Callable[[object, str], dict | None] | None = None,
                     on_start: Callable[[BenchPrompt, RunSpec], None] | None = None,
@@ -154,7 +148,7 @@ def run_interleaved(engines: dict, runs: Sequence[RunSpec], prompts: Sequence[Be
     for p, r in interleave(prompts, runs, done):
         if on_start:
             on_start(p, r)
-        pair = generate_pair(engines[r.name], p, r, decode)
+        pair = generate_pair(engine, p, r, decode)
         if score is not None:
             pair.score = score(p.problem, pair.completion)
         out.append(pair)

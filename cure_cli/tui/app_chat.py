@@ -95,14 +95,11 @@ class SettingsScreen(ModalScreen[DecodeConfig | None]):
             except ValueError:
                 raise CureError(f"{widget_id[5:]}: {raw!r} is not a number") from None
 
-        from ..common import parse_v_max
         strategy = self.query_one("#set-strategy", Select).value
-        b_max, k = num("#set-bmax", int), num("#set-k", int)
-        v_max, auto = parse_v_max(self.query_one("#set-vmax", Input).value)   # a number, or auto (cost-aware)
-        budget = {"auto_budget": auto} if "auto_budget" in DecodeConfig.__dataclass_fields__ else {}
-        cfg = self.cfg.with_(strategy=str(strategy), k=k, tau_margin=num("#set-tau", float),
-                             b_max=b_max, b_min=min(self.cfg.b_min, b_max), v_max=max(v_max, k - 1) if auto else v_max,
-                             top_k=max(self.cfg.top_k, b_max + 1), max_new_tokens=num("#set-maxnew", int), **budget)
+        cfg = DecodeConfig.from_user(self.cfg, strategy=str(strategy), k=num("#set-k", int),
+                                     v_max=self.query_one("#set-vmax", Input).value,   # a number, or auto
+                                     b_max=num("#set-bmax", int), tau_margin=num("#set-tau", float),
+                                     max_new_tokens=num("#set-maxnew", int))
         self.engine.check(cfg)
         return cfg
 

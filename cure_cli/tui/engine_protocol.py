@@ -46,19 +46,13 @@ class ChatEngine(Protocol):
 
 
 class ModelEngine:
-    """The real thing: `cure_core.engine.Engine` over a loaded target/drafter pair."""
+    """The real thing: the loaded pair's one `Engine` (its budget tuners carry over from turn to turn)."""
 
     def __init__(self, loaded, chat: bool | None = None, calibration_prompt: str = "Hello"):
-        from cure_core.drafters.causal import ArDrafter, PardDrafter
         self.loaded = loaded
         self.pair = loaded.pair
-        # A PARD drafter is a causal LM: let it double as the chain drafter so `sd` is selectable live.
-        if self.pair.ar_drafter is None and isinstance(self.pair.drafter, PardDrafter):
-            import torch
-            d = self.pair.drafter                         # ... with the same draft vocabulary, if any
-            fixed = torch.tensor(d.vocab.fixed, dtype=torch.long) if d.vocab is not None else None
-            self.pair.ar_drafter = ArDrafter(d.model, vocab_size=d.vocab_size, draft_vocab=fixed)
         tok = loaded.tokenizer
+        chat = chat if chat is not None else getattr(loaded, "chat", None)
         self.chat = chat if chat is not None else bool(getattr(tok, "chat_template", None))
         self.tokens = TokenText(tok)
         self.models = dict(self.pair.names)
@@ -83,10 +77,9 @@ class ModelEngine:
         return cfg
 
     def stream(self, messages: Sequence[Message], cfg: DecodeConfig) -> Iterator[Block]:
-        from cure_core.engine import Engine
         ids = self.encode(messages)
         with self._lock:
-            gen = Engine(self.pair, cfg).generate(ids)
+            gen = self.loaded.engine.generate(ids, cfg)
             try:
                 yield from gen
             finally:
@@ -96,13 +89,12 @@ class ModelEngine:
         return self.tokens.decode(ids)
 
     def calibrate(self, cfg: DecodeConfig, tokens: int) -> float | None:
-        from cure_core.engine import Engine
         if tokens <= 0:
             return None
         ids = self.encode([{"role": "user", "content": self.calibration_prompt}])
         ar = cfg.with_(strategy="ar", max_new_tokens=tokens, stop_at_eos=False, temperature=0.0)
         with self._lock:
-            blocks = list(Engine(self.pair, ar).generate(ids))
+            blocks = list(self.loaded.engine.generate(ids, ar))
         stats = summarize(blocks)
         return stats.tokens_per_s or None
 

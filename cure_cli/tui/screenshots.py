@@ -21,23 +21,23 @@ SAMPLE = ROOT / "tests" / "data" / "sample_trace.jsonl"
 
 def record_demo(model: str, noise: float, out: Path, prompt: str, max_new: int) -> Path:
     from cure_core.config import DecodeConfig
-    from cure_core.drafters.causal import ArDrafter
     from cure_core.engine import Engine
-    from cure_core.models import encode_prompt, load_pair
+    from cure_core.models import build_pair, encode_prompt, load_pair
     from cure_core.tiny import perturbed_copy
     from cure_core.trace import TraceWriter
 
     loaded = load_pair(model)
-    pair, tok = loaded.pair, loaded.tokenizer
-    pair.drafter = pair.ar_drafter = ArDrafter(perturbed_copy(pair.target, noise=noise, seed=1), vocab_size=len(tok))
-    pair.names = {"target": model, "draft": f"{model} + {noise:g} weight noise (demo drafter)"}
+    tok = loaded.tokenizer
+    pair, _ = build_pair(loaded.pair.target, perturbed_copy(loaded.pair.target, noise=noise, seed=1), drafter="ar",
+                         vocab_size=len(tok), eos_ids=loaded.pair.eos_ids,
+                         names={"target": model, "draft": f"{model} + {noise:g} weight noise (demo drafter)"})
     cfg = DecodeConfig(strategy="cure", k=8, max_new_tokens=max_new)
     ids = encode_prompt(tok, prompt, True)
     ar = cfg.with_(strategy="ar", max_new_tokens=16)     # a short AR run: the speedup baseline
     with TraceWriter(out, models=pair.names, config=cfg.to_dict()) as writer:
         for c in (cfg, ar):
             writer.begin(ids, prompt, c.strategy, c.to_dict())
-            for block in Engine(pair, c).generate(ids):
+            for block in Engine(pair).generate(ids, c):
                 writer.block(block)
             writer.end()
     return out

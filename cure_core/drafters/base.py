@@ -34,6 +34,7 @@ class Proposal:
 class Drafter(Protocol):
     name: str
     target_layers: tuple[int, ...]   # target hidden_states indices this drafter conditions on; () = none
+    block_size: int | None           # the block K it was trained to draft (root included); None = any K
 
     def reset(self, context: Sequence[int], hidden: torch.Tensor | None) -> None: ...
 

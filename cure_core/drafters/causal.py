@@ -24,6 +24,7 @@ from .vocab import DraftVocab
 class _CausalDrafter:
     name = "causal"
     target_layers: tuple[int, ...] = ()
+    block_size: int | None = None       # an AR drafter drafts chains of any length
 
     def __init__(self, model, vocab_size: int | None = None, draft_vocab: torch.Tensor | None = None,
                  mask_token_id: int = -1):
@@ -124,9 +125,16 @@ class PardDrafter(_CausalDrafter):
     name = "pard"
 
     def __init__(self, model, mask_token_id: int, vocab_size: int | None = None,
-                 draft_vocab: torch.Tensor | None = None):
+                 draft_vocab: torch.Tensor | None = None, block_size: int | None = None):
         super().__init__(model, vocab_size, draft_vocab, mask_token_id)   # a vocabulary never holds the mask
         self.mask_token_id = int(mask_token_id)
+        self.block_size = block_size        # the K it was trained with, when its config records one
+
+    def chain(self) -> "ArDrafter":
+        """The same model as an autoregressive chain drafter (sd), with the same draft vocabulary: a PARD
+        checkpoint is a causal LM. Its own KV cache; the weights are shared, not copied."""
+        fixed = torch.tensor(self.vocab.fixed, dtype=torch.long) if self.vocab is not None else None
+        return ArDrafter(self.model, vocab_size=self.vocab_size, draft_vocab=fixed)
 
     def _logits(self, logits: torch.Tensor) -> torch.Tensor:
         logits = super()._logits(logits).clone()

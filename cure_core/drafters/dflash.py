@@ -387,8 +387,9 @@ def _load_state_dict(path: Path) -> dict[str, torch.Tensor]:
     return {(k[len("model."):] if k.startswith("model.") else k): v for k, v in state.items()}
 
 
-def load_dflash(path: str | Path, target_model: nn.Module, vocab_size: int | None = None) -> DFlashDrafter:
-    """A DFlash checkpoint folder + the loaded target -> DFlashDrafter on the target's device/dtype."""
+def load_dflash_model(path: str | Path, target_model: nn.Module) -> tuple[DFlashModel, torch.Tensor | None]:
+    """A DFlash checkpoint folder, checked against the loaded target -> (its network on the target's
+    device/dtype, its draft vocabulary or None). models.build_pair makes the drafter."""
     from transformers import Qwen3Config
     path = Path(path)
     raw = read_config(path)
@@ -446,9 +447,27 @@ def load_dflash(path: str | Path, target_model: nn.Module, vocab_size: int | Non
     p = emb.weight
     model = model.to(device=p.device, dtype=p.dtype).eval()
     model.rotary_emb.float()                      # RoPE frequencies stay float32, as in HF loading
-    return DFlashDrafter(model, target_model, target_layer_ids=ids, mask_token_id=int(mask_id),
+    return model, None if draft_vocab is None else draft_vocab.long()
+
+
+def drafter_from_model(model: DFlashModel, target: nn.Module, vocab_size: int | None = None,
+                       draft_vocab: torch.Tensor | None = None) -> DFlashDrafter:
+    """A DFlashDrafter over a built network; its config (a loaded checkpoint's, or training's) names the
+    target layers, the mask token and the block size."""
+    raw = model.config.to_dict() if hasattr(model.config, "to_dict") else dict(model.config)
+    ids = _cfg_get(raw, "target_layer_ids")
+    if ids is None:
+        ids = default_target_layer_ids(int(_cfg_get(raw, "num_target_layers", target.config.num_hidden_layers)),
+                                       len(model.layers))
+    return DFlashDrafter(model, target, target_layer_ids=[int(i) for i in ids],
+                         mask_token_id=int(_cfg_get(raw, "mask_token_id")),
                          block_size=int(_cfg_get(raw, "block_size", DEFAULT_BLOCK_SIZE)), vocab_size=vocab_size,
                          input_embedding_scale=float(_cfg_get(raw, "input_embedding_scale", 1.0)),
                          output_multiplier=float(_cfg_get(raw, "output_multiplier", 1.0)),
-                         final_logit_softcapping=_cfg_get(raw, "final_logit_softcapping"),
-                         draft_vocab=None if draft_vocab is None else draft_vocab.long())
+                         final_logit_softcapping=_cfg_get(raw, "final_logit_softcapping"), draft_vocab=draft_vocab)
+
+
+def load_dflash(path: str | Path, target_model: nn.Module, vocab_size: int | None = None) -> DFlashDrafter:
+    """A DFlash checkpoint folder + the loaded target -> DFlashDrafter on the target's device/dtype."""
+    model, draft_vocab = load_dflash_model(path, target_model)
+    return drafter_from_model(model, target_model, vocab_size=vocab_size, draft_vocab=draft_vocab)

@@ -1,0 +1,157 @@
+"""Every engine option, declared once (vLLM's EngineArgs pattern).
+
+`EngineArgs` is the one owner of the options that `cure generate`, `cure chat`, `cure bench`, the
+benchmark scripts and the Python API share: which models to load, how to decode, how to execute.
+Each field carries its CLI flag and help text; the Typer commands (cure_cli/options.py) and the
+argparse scripts (`EngineArgs.add_cli_args`) are generated from these fields, and `load()`
+(cure_core/api.py) takes them as keywords. Defaults here are the CLI's defaults.
+
+Resolution happens in two steps, each in one place:
+  1. `cure_core.defaults.choose_models`: the embedded default target, its shipped drafter and its
+     chain draft (which checkpoints to load for which strategies);
+  2. `EngineArgs.decode_config(block_size)`: DecodeConfig.from_user plus "K = the drafter's trained
+     block size unless given".
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from typing import Any, Sequence
+
+from .config import ConfigError, DecodeConfig, parse_auto_int
+
+CPU_DRAFT_VOCAB = 16384       # --draft-vocab auto on a CPU: causal drafters propose ids below this (+ the context's)
+
+
+def _opt(*flags: str, help: str, metavar: str | None = None, kind: type | None = None, default: Any = MISSING):
+    """A field with its CLI flags and help. `kind`: the value type on the command line (str for N|auto)."""
+    meta = {"flags": flags, "help": help, "metavar": metavar, "kind": kind}
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class EngineArgs:
+    # --- models ---
+    target: str | None = _opt("--target", "-t", default=None, kind=str, help=(
+        "Target model: HF id, local folder or embedded alias (see `cure models`). Default: the embedded default."))
+    draft: str | None = _opt("--draft", "-d", default=None, kind=str, help=(
+        "Block-parallel drafter (or an AR draft with --drafter ar): HF id, folder or alias. Default: the drafter "
+        "shipped for the target, if any."))
+    drafter: str = _opt("--drafter", default="auto", help="Drafter kind: auto (from the checkpoint's config), pard, dflash, ar.")
+    mask_token_id: int | None = _opt("--mask-token-id", default=None, kind=int, help=(
+        "PARD mask token id (default: the checkpoint's pard_token)."))
+    ar_draft: str | None = _opt("--ar-draft", default=None, kind=str, help=(
+        "Autoregressive draft model for 'sd' (default: the target's chain draft, e.g. qwen-coder-0.5b for "
+        "qwen-coder-1.5b; a PARD or AR --draft doubles as one)."))
+    # --- decoding ---
+    strategy: str = _opt("--strategy", "-s", default="cure", help="ar | sd | parallel | cure | ddtree")
+    max_new_tokens: int = _opt("--max-new-tokens", "-n", default=256, help="Tokens to generate at most.")
+    temperature: float = _opt("--temperature", default=0.0, help="0 = greedy (identical to ar); > 0 samples losslessly.")
+    seed: int = _opt("--seed", default=0, help="Sampling seed (temperature > 0).")
+    k: int | None = _opt("--k", default=None, kind=int, help=(
+        "Block size K: the root plus K-1 drafted tokens. Default: the drafter's trained block size, else 16."))
+    tau_margin: float = _opt("--tau-margin", default=1.0, help="UFP gate: draft top1-top2 log-prob margin below this.")
+    b_max: int = _opt("--b-max", default=5, help="Repair branches at the most uncertain UFP.")
+    v_max: str = _opt("--v-max", default="auto", metavar="N|auto", help=(
+        "Tree node budget V_max, or auto: measure the target's verification cost curve once and pick, block by "
+        "block, the budget that maximises expected tokens/s (budget 0, no draft, included)."))
+    # --- execution: speed only, never the output ---
+    kv_cache: str = _opt("--kv-cache", default="static", help=(
+        "static: preallocated K/V rows compacted in place | dynamic: transformers' DynamicCache. Never changes "
+        "the output."))
+    compile: bool = _opt("--compile", default=False, help=(
+        "torch.compile the target forward over padded static shapes (CUDA graphs on a GPU); the first blocks "
+        "compile."))
+    kernels: str = _opt("--kernels", default="auto", help=(
+        "CPU float32 matmuls: packed = oneDNN packs every weight once at load, so verifying N nodes costs far "
+        "less than N one-token steps | eager = torch's default | auto = packed where it applies (CPU, float32, "
+        "not --compile). Never changes the output."))
+    draft_vocab: str = _opt("--draft-vocab", default="auto", metavar="N|auto", help=(
+        "Causal drafters (PARD, AR, --ar-draft) propose only token ids < N plus the prompt's and output's, so "
+        "their head costs a fraction of the full vocabulary's. 0 = the whole vocabulary; auto = 16384 on a CPU, "
+        "0 elsewhere (a GPU's head is cheap). DFlash drafters use the vocabulary saved in their checkpoint. "
+        "Never changes the output."))
+    device: str = _opt("--device", default="cpu", help="cpu, cuda, cuda:1, mps ...")
+    dtype: str = _opt("--dtype", default="float32", help="float32 (lossless check), float16, bfloat16.")
+    device_map: str | None = _opt("--device-map", default=None, kind=str, help=(
+        "Passed to accelerate (e.g. auto) for targets larger than one device."))
+    # --- prompt encoding ---
+    chat: bool | None = _opt("--chat/--raw", default=None, kind=bool, help=(
+        "Wrap prompts in the chat template (default when the tokenizer has one; bench: raw for completion-style "
+        "tasks) or send raw text."))
+
+    # ---- resolution (each rule once) ----
+
+    def decode_config(self, block_size: int | None = None, **changes) -> DecodeConfig:
+        """The DecodeConfig these options decode with. Rule: K is the drafter's trained block size
+        (`block_size`, from the Drafter protocol) unless `k` is given, else 16."""
+        k = self.k if self.k is not None else block_size
+        return DecodeConfig.from_user(strategy=self.strategy, k=k, v_max=self.v_max, b_max=self.b_max,
+                                      max_new_tokens=self.max_new_tokens, temperature=self.temperature,
+                                      seed=self.seed, tau_margin=self.tau_margin, kv_cache=self.kv_cache,
+                                      compile=self.compile, **changes)
+
+    def draft_vocab_ids(self) -> int:
+        """`draft_vocab` as a number of ids. Rule: auto restricts causal drafters' heads on a CPU only, where
+        the head is a large part of a small draft model's step; on a GPU it costs little and the ids it could
+        no longer draft would only cost acceptance."""
+        n = parse_auto_int(self.draft_vocab, "draft_vocab")
+        if n is None:
+            return CPU_DRAFT_VOCAB if self.device == "cpu" and not self.device_map else 0
+        if n < 0:
+            raise ConfigError(f"`draft_vocab` takes a number of ids (0: the whole vocabulary) or auto, "
+                              f"got {self.draft_vocab!r}")
+        return n
+
+    def load_kernels(self) -> str:
+        """`kernels` for loading. Rule: torch.compile cannot trace packed layers (inductor packs on its own),
+        so `compile` turns auto into eager and refuses packed."""
+        if self.compile and self.kernels == "packed":
+            raise ConfigError("`kernels` packed does not combine with `compile` (inductor packs weights itself); "
+                              "use auto or eager")
+        return "eager" if self.compile and self.kernels == "auto" else self.kernels
+
+    def with_(self, **changes) -> "EngineArgs":
+        return EngineArgs(**{**asdict(self), **changes})
+
+    # ---- command lines ----
+
+    @staticmethod
+    def flags() -> dict[str, str]:
+        """field name -> its main CLI flag (errors from the core name fields; the CLI shows flags)."""
+        return {f.name: f.metadata["flags"][0].split("/")[0] for f in fields(EngineArgs)}
+
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser, exclude: Sequence[str] = (), **defaults) -> None:
+        """The same options on an argparse parser (benchmark scripts), `defaults` overriding ours."""
+        for f in fields(EngineArgs):
+            if f.name in exclude:
+                continue
+            meta, default = f.metadata, defaults.get(f.name, f.default)
+            names = meta["flags"]
+            if "/" in names[0]:                              # --chat/--raw: a pair of switches
+                on, off = names[0].split("/")
+                group = parser.add_mutually_exclusive_group()
+                group.add_argument(on, dest=f.name, action="store_const", const=True, default=default, help=meta["help"])
+                group.add_argument(off, dest=f.name, action="store_const", const=False, default=default)
+            elif f.type in (bool, "bool"):
+                parser.add_argument(*names, dest=f.name, action=argparse.BooleanOptionalAction, default=default,
+                                    help=meta["help"])
+            else:
+                kind = meta["kind"] or type(f.default)
+                parser.add_argument(*names, dest=f.name, type=kind, default=default, metavar=meta["metavar"],
+                                    help=meta["help"])
+
+    @staticmethod
+    def from_cli_args(ns: argparse.Namespace) -> "EngineArgs":
+        return EngineArgs(**{f.name: getattr(ns, f.name) for f in fields(EngineArgs) if hasattr(ns, f.name)})
+
+
+def parse_list(text: str | None) -> list[str]:
+    """A comma list of names: 'a, b,,a' -> ['a', 'b'] (order kept, duplicates dropped)."""
+    out: list[str] = []
+    for part in (text or "").split(","):
+        part = part.strip().lower()
+        if part and part not in out:
+            out.append(part)
+    return out
