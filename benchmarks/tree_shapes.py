@@ -1,25 +1,26 @@
-"""Which tree of V nodes would have accepted the most? Tree shapes replayed offline on real blocks.
+"""Which tree of V nodes would have accepted the most? Tree shapes replayed exactly on recorded blocks.
 
-A block-parallel drafter (DFlash, PARD) drafts every position in ONE pass: its per-position top-k
-does not depend on which tokens the tree puts above a node. So one recorded proposal, plus the
-target's own tokens along the path it accepted, tells how many tokens ANY tree over those top-k
-candidates would have had accepted, without running the target again. This script records blocks
-from a real generation (ddtree at a large budget, so the accepted path, and with it the known
-truth, reaches as deep as possible) and replays, for every budget V, the shapes:
+Every strategy is lossless, so the target's greedy continuation after any block's root is simply
+the rest of the final output: the truth every tree is judged against, with no second target run. This
+script records, at every block of a real generation, the drafter's proposal (as wide as the largest
+budget) AND its re-drafted continuations under every substitution any replayed shape asks for (one
+batched pass per block, memoised by prefix). Cutting a proposal to fewer rows or columns, and a
+re-draft to fewer rows, gives exactly what the engine would have computed with less (DFlash always
+drafts its trained block; PARD is causal; an AR draft's chain is greedy), so each shape below is
+replayed as the engine builds it, at every budget V:
 
-  chain       branch 0 cut to V nodes (what parallel, and cure at budgets <= K-1, verify)
-  best-first  the ddtree builder itself (strategies.build_ddtree) at v_max = V
-  gated-U@T   best-first, but an alternative may only sit at a UFP, ranked within its budget b_i
-              (strategies.select_ufps with max_ufps U, tau_margin T; --gates): CURE's gate applied
-              to a best-first tree, no re-drafting
+  chain             branch 0 cut to V nodes (parallel; and any tree at V <= K-1 that keeps branch 0)
+  ddtree            strategies.build_ddtree (the reference best-first rule)
+  cure-paper        strategies.build_cure_tree: branch 0 + repairs at UFPs, suffixes re-drafted
+  cure-best-first   strategies.build_cure_best_first with `redrafts` R (--redrafts: R values to compare)
 
-Not simulated: CURE's re-drafted repair suffixes (they need the drafter under each substitute).
-Truth is known to the depth the recorded tree accepted plus its bonus token; a replayed tree that
-would accept past that is cut there ("censored": counted, and reported).
+A block's tree accepts the longest path that follows the truth; a path still matching where the
+output ended is counted and reported as censored.
 
-    python benchmarks/tree_shapes.py --target qwen-coder-0.5b --draft assets/drafters/qwen-coder-0.5b \\
-        --limit 20 --max-new-tokens 48 --k 8 --json benchmarks/results/tree_shapes_qwen05b.json
-    python benchmarks/tree_shapes.py --tiny                      # smoke run on tiny random models
+    python benchmarks/tree_shapes.py --k 8 --limit 20 --max-new-tokens 48 \\
+        --json benchmarks/results/tree_shapes_qwen05b_k8.json            # the default pair
+    python benchmarks/tree_shapes.py --target qwen-coder-1.5b --k 8 ...  # the 1.5B pair
+    python benchmarks/tree_shapes.py --tiny                              # smoke run on tiny random models
 """
 from __future__ import annotations
 
@@ -34,56 +35,143 @@ import torch
 
 from cure_core.config import DecodeConfig
 from cure_core.drafters.base import Proposal
-from cure_core.engine import Engine
-from cure_core.strategies import build_ddtree, select_ufps
+from cure_core.options import EngineArgs, parse_list
+from cure_core.strategies import build_cure_best_first, build_cure_tree, build_ddtree, proposal_width
 from cure_core.tree import DraftTree
 
 TINY_PROMPTS = ["def fibonacci(n):\n    ", "import os\n\ndef list_files(path):\n", "class Stack:\n    def push(",
                 "for i in range(10):\n", "def add(a, b):\n    return"]
+PAPER_WIDTH = 8
+
+
+def cut(p: Proposal, rows: int, cols: int) -> Proposal:
+    return Proposal(tokens=p.tokens[:rows], top_ids=p.top_ids[:rows, :cols], top_logprobs=p.top_logprobs[:rows, :cols])
+
+
+class Memo:
+    """A drafter's re-drafts answered from a block's recording (prefix -> the widest, longest re-draft)."""
+
+    def __init__(self, table: dict[tuple[int, ...], Proposal]):
+        self.table = table
+
+    def redraft_topk(self, prefixes, lengths, top_k):
+        return [cut(self.table[tuple(p)], n, top_k) for p, n in zip(prefixes, lengths)]
+
+    def redraft(self, prefixes, lengths):
+        return [r.tokens for r in self.redraft_topk(prefixes, lengths, 1)]
+
+
+class Collector:
+    """Answers re-drafts with placeholders while recording which prefixes a shape asks for."""
+
+    def __init__(self, width: int):
+        self.asked: set[tuple[int, ...]] = set()
+        self.width = width
+
+    def redraft_topk(self, prefixes, lengths, top_k):
+        self.asked.update(tuple(p) for p in prefixes)
+        ids = torch.arange(top_k).expand(max(lengths, default=0), top_k)
+        logp = -1.0 - torch.arange(top_k, dtype=torch.float32).expand_as(ids)
+        return [Proposal(ids[:n, 0].tolist(), ids[:n], logp[:n]) for n in lengths]
+
+    def redraft(self, prefixes, lengths):
+        return [r.tokens for r in self.redraft_topk(prefixes, lengths, 1)]
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    redrafts: int | None = None   # cure best-first: substitutions re-drafted per block
+
+
+def shape_tree(shape: Shape, base: DecodeConfig, p: Proposal, v: int, drafter) -> DraftTree:
+    """The tree `shape` builds at budget v from the full-depth proposal p, as the engine would: budgets
+    <= K-1 draft (and keep) v positions, best-first trees take max(top_k, v) candidates each."""
+    depth = len(p.tokens)
+    rows = min(depth, v)
+    if shape.name == "chain":
+        tree = DraftTree()
+        tree.add_path(p.tokens[:rows], branch=0)
+        return tree
+    cfg = base.with_(k=rows + 1, v_max=v)                  # the tree is at most `rows` deep either way
+    if shape.name == "ddtree":
+        return build_ddtree(cfg.with_(strategy="ddtree"), cut(p, rows, proposal_width(cfg.with_(strategy="ddtree"), v)))
+    if shape.name == "cure-paper":
+        return build_cure_tree(cfg.with_(cure_tree="paper"), cut(p, rows, PAPER_WIDTH), drafter).tree
+    cfg = cfg.with_(cure_tree="best-first", redrafts=shape.redrafts)
+    return build_cure_best_first(cfg, cut(p, rows, proposal_width(cfg, v)), drafter).tree
 
 
 @dataclass(frozen=True)
 class Recorded:
-    proposal: Proposal            # the drafted block's top-k (block-parallel: path-independent)
-    truth: tuple[int, ...]        # truth[d-1] = the target's token at depth d, known for d <= len(truth)
-    accepted: int                 # what the recorded tree had accepted
-    branch0_accepted: int         # what branch 0 alone would have had accepted
+    proposal: Proposal                        # full depth, width = the largest budget
+    redrafts: dict                            # prefix -> re-draft (full length, full width)
+    truth: tuple[int, ...]                    # the output after the root, up to the block's depth
+    complete: bool                            # the truth reaches the full depth (not cut by the end)
+    accepted: int                             # what the recording engine accepted
+    recorded_tree: int                        # its tree size
 
 
 class Recorder:
-    """The engine's drafter, keeping the last proposal (everything else is delegated)."""
+    """The engine's drafter, keeping each proposal wide and every re-draft the shapes will ask for."""
 
-    def __init__(self, drafter):
-        self.inner, self.last = drafter, None
+    def __init__(self, drafter, shapes, budgets, base: DecodeConfig, check: bool = False):
+        self.inner, self.shapes, self.budgets, self.base = drafter, shapes, budgets, base
+        self.width = max(max(budgets), base.top_k)
+        self.blocks: list[tuple[Proposal, dict]] = []
+        self.check = check                      # rebuild every shape with the live drafter and compare
+        self.checked = self.differ = 0
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
     def propose(self, root: int, n: int, top_k: int) -> Proposal:
-        self.last = self.inner.propose(root, n, top_k)
-        return self.last
+        p = self.inner.propose(root, n, max(top_k, self.width))
+        collect = Collector(self.width)
+        for shape in self.shapes:                   # which prefixes does any shape re-draft?
+            for v in self.budgets:
+                if shape.name.startswith("cure"):
+                    shape_tree(shape, self.base, p, v, collect)
+        asked = sorted(collect.asked)
+        got = self.inner.redraft_topk([list(a) for a in asked], [n - len(a) for a in asked], self.width) if asked else []
+        self.blocks.append((p, dict(zip(asked, got))))
+        if self.check:                          # the memo answers as the live drafter would
+            for shape in self.shapes:
+                for v in self.budgets:
+                    a = shape_tree(shape, self.base, p, v, Memo(self.blocks[-1][1]))
+                    b = shape_tree(shape, self.base, p, v, self.inner)
+                    self.checked += 1
+                    self.differ += (a.tokens, a.parents) != (b.tokens, b.parents)
+        return cut(p, n, top_k)
 
 
-def record(pair, prompts, cfg: DecodeConfig, progress=lambda i: None) -> list[Recorded]:
-    rec = Recorder(pair.drafter)
+def record(pair, prompts, cfg: DecodeConfig, shapes, budgets, progress=lambda i: None,
+           check: dict | None = None) -> list[Recorded]:
+    from cure_core.engine import Engine
+    rec = Recorder(pair.drafter, shapes, budgets, cfg, check=check is not None)
     pair.drafter = rec
-    out = []
+    out: list[Recorded] = []
     try:
+        engine = Engine(pair)
         for i, ids in enumerate(prompts):
-            for block in Engine(pair, cfg).generate(ids):
-                if not block.draft:
-                    continue
-                depth = min(len(block.emitted), len(rec.last.tokens))
-                out.append(Recorded(rec.last, tuple(block.emitted[:depth]), block.accept_length,
-                                    block.branch0_accepted))
+            start = len(rec.blocks)
+            every = list(engine.generate(ids, cfg))
+            sequence = list(ids) + [t for b in every for t in b.emitted]
+            blocks = [b for b in every if b.draft]
+            for b, (p, memo) in zip(blocks, rec.blocks[start:]):
+                at = b.context_len + 1                     # the root sits at context_len
+                truth = tuple(sequence[at: at + len(p.tokens)])
+                out.append(Recorded(p, memo, truth, len(truth) == len(p.tokens), b.accept_length, b.tree_size))
             progress(i)
     finally:
         pair.drafter = rec.inner
+        if check is not None:
+            check.update(trees=rec.checked, differ=rec.differ)
     return out
 
 
-def accept(tree: DraftTree, truth) -> tuple[int, bool]:
-    """(tokens accepted, censored): walk the tree along the target's tokens while they are known."""
+def accept(tree: DraftTree, truth, complete: bool) -> tuple[int, bool]:
+    """(tokens accepted, censored): walk the tree along the truth while it is known."""
     children: dict[int, dict[int, int]] = {}
     for i, (tok, par) in enumerate(zip(tree.tokens, tree.parents)):
         children.setdefault(par, {})[tok] = i
@@ -93,102 +181,92 @@ def accept(tree: DraftTree, truth) -> tuple[int, bool]:
         if node is None:
             return n, False
         n += 1
-    return n, node is not None and node in children           # it had children past the known truth
+    return n, (not complete) and node in children        # it had children past the known truth
 
 
-def chain(p: Proposal, v: int) -> DraftTree:
-    tree = DraftTree()
-    tree.add_path(p.tokens[:v], branch=0)
-    return tree
-
-
-def ufp_gated(p: Proposal, cfg: DecodeConfig) -> DraftTree:
-    """Best-first where alternatives (rank >= 1) only count at UFPs, up to their budget b_i."""
-    allowed = {pos: budget for pos, _, budget in select_ufps(cfg, p.margins)}
-    lp = p.top_logprobs.clone()
-    for pos in range(lp.shape[0]):
-        lp[pos, 1 + allowed.get(pos, 0):] = float("-inf")   # impossible: build_ddtree never grafts it
-    return build_ddtree(cfg, Proposal(p.tokens, p.top_ids, lp))
-
-
-def shapes(gates) -> dict:
-    """name -> (proposal, cfg) -> DraftTree; one ufp-gated shape per (max_ufps, tau_margin) gate."""
-    out = {"chain": lambda p, cfg: chain(p, cfg.v_max), "best-first": lambda p, cfg: build_ddtree(cfg, p)}
-    for ufps, tau in gates:
-        out[f"gated-{ufps}@{tau:g}"] = lambda p, cfg, u=ufps, t=tau: ufp_gated(p, cfg.with_(max_ufps=u, tau_margin=t))
-    return out
-
-
-def replay(records: list[Recorded], budgets, cfg: DecodeConfig, gates=((1, 1.0),)) -> dict:
-    """Mean accepted tokens per block for every shape and budget, and the replay's own checks."""
-    table, censored = {}, {}
-    named = shapes(gates)
-    for name, build in named.items():
+def replay(records: list[Recorded], shapes, budgets, base: DecodeConfig) -> dict:
+    accepted, censored, sizes = {}, {}, {}
+    for shape in shapes:
         for v in budgets:
-            at = cfg.with_(k=min(cfg.k, v + 1), v_max=v)        # K only bounds validation here
-            got = [accept(build(r.proposal, at), r.truth) for r in records]
-            table[(name, v)] = statistics.mean(a for a, _ in got)
-            censored[(name, v)] = sum(c for _, c in got)
-    # Checks: replaying the recorded shape gives what the engine accepted; branch 0 whole gives a(pi_0).
-    same = sum(accept(build_ddtree(cfg, r.proposal), r.truth)[0] == r.accepted for r in records)
-    b0 = sum(accept(chain(r.proposal, len(r.proposal.tokens)), r.truth)[0] == r.branch0_accepted for r in records)
+            got = [accept(t := shape_tree(shape, base, r.proposal, v, Memo(r.redrafts)), r.truth, r.complete)
+                   + (len(t),) for r in records]
+            accepted[(shape.name, v)] = statistics.mean(a for a, _, _ in got)
+            censored[(shape.name, v)] = sum(c for _, c, _ in got)
+            sizes[(shape.name, v)] = statistics.mean(s for _, _, s in got)
+    names = [s.name for s in shapes]
     return {"blocks": len(records), "budgets": list(budgets),
-            "gates": [list(g) for g in gates],
-            "accepted": {name: [table[(name, v)] for v in budgets] for name in named},
-            "censored": {name: [censored[(name, v)] for v in budgets] for name in named},
-            "replay_matches_engine": same, "chain_matches_branch0": b0}
+            "accepted": {n: [accepted[(n, v)] for v in budgets] for n in names},
+            "tree_size": {n: [sizes[(n, v)] for v in budgets] for n in names},
+            "censored": {n: [censored[(n, v)] for v in budgets] for n in names}}
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tiny", action="store_true", help="tiny random models and built-in prompts (smoke run)")
+    ap.add_argument("--sets", default="humaneval", help="comma list of tasks or prompt .jsonl files")
+    ap.add_argument("--limit", type=int, default=20, help="prompts per set")
+    ap.add_argument("--offset", type=int, default=0, help="skip this many prompts of each set first")
+    ap.add_argument("--budgets", default="3,5,8,16,32,64")
+    ap.add_argument("--redrafts", default="1,2,4", help="cure best-first: re-drafted substitutions per block to compare")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--json", default=None, metavar="OUT.json")
+    ap.add_argument("--check", action="store_true", help="also rebuild every replayed tree with the live drafter "
+                    "while recording and count differences (slow; the replay's exactness check)")
+    EngineArgs.add_cli_args(ap, exclude=("strategy", "temperature", "seed", "v_max", "chat"), k=8, max_new_tokens=48)
+    return ap.parse_args(argv)
 
 
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", default="qwen-coder-0.5b")
-    ap.add_argument("--draft", default="assets/drafters/qwen-coder-0.5b", help="a block-parallel drafter")
-    ap.add_argument("--tiny", action="store_true", help="tiny random models and built-in prompts (smoke run)")
-    ap.add_argument("--limit", type=int, default=20, help="HumanEval problems")
-    ap.add_argument("--max-new-tokens", type=int, default=48)
-    ap.add_argument("--k", type=int, default=8, help="block size of the recorded blocks")
-    ap.add_argument("--record-v-max", type=int, default=64, help="the recorded (ddtree) tree's budget")
-    ap.add_argument("--budgets", default="1,2,3,4,5,6,8,12,16,24")
-    ap.add_argument("--gates", default="1:1,2:1,8:2",
-                    help="UFP gates to replay, MAX_UFPS:TAU_MARGIN each (1:1 is CURE's default)")
-    ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--json", default=None, metavar="OUT.json")
-    args = ap.parse_args(argv)
+    args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    from cure_core.models import encode_prompt, load_pair
+    from cure_core.api import open_pair
+    engine_args = EngineArgs.from_cli_args(args).with_(strategy="parallel")
     with tempfile.TemporaryDirectory(prefix="cure-shapes-") as tmp:
         if args.tiny:
             from cure_core.tiny import save_tiny_pair
             tdir, ddir = save_tiny_pair(Path(tmp))
-            loaded = load_pair(str(tdir), str(ddir), drafter="pard")
-            texts = TINY_PROMPTS[: args.limit]
-        else:
-            from cure_tasks import humaneval
-            loaded = load_pair(args.target, args.draft)
-            texts = [p.prompt for p in humaneval.load(limit=args.limit)]
+            engine_args = engine_args.with_(target=str(tdir), draft=str(ddir), drafter="pard")
+        loaded = open_pair(engine_args)
         if loaded.pair.drafter is None:
-            ap.error("--draft must be a block-parallel drafter (DFlash or PARD)")
-        prompts = [encode_prompt(loaded.tokenizer, t, chat=False) for t in texts]
-        cfg = DecodeConfig(strategy="ddtree", k=args.k, v_max=args.record_v_max, max_new_tokens=args.max_new_tokens)
+            raise SystemExit("tree_shapes needs a drafter for the target (--draft)")
+        if args.tiny:
+            prompts = [loaded.encode(t, chat=False) for t in TINY_PROMPTS[: args.limit]]
+        else:
+            from cure_tasks import TASK_NAMES, raw_by_default
+            from cure_tasks import load as load_task
+            prompts = []
+            for spec in parse_list(args.sets):
+                task, path = (spec, None) if spec in TASK_NAMES else ("prompts", spec)
+                for q in load_task(task, path, args.offset + args.limit)[args.offset:]:
+                    prompts.append(loaded.encode(q.prompt, chat=not raw_by_default(task)))
+        budgets = [int(b) for b in args.budgets.split(",")]
+        k = loaded.config.k
+        # the recording engine: branch 0 only, at the full block, so every block is drafted whole
+        cfg = loaded.config.with_(strategy="parallel", v_max=k - 1, auto_budget=False, stop_at_eos=True)
+        shapes = [Shape("chain"), Shape("ddtree"), Shape("cure-paper")] + \
+            [Shape(f"cure-best-first-r{r}", int(r)) for r in args.redrafts.split(",")]
         from rich.progress import Progress
         with Progress(transient=True) as bar:
             task = bar.add_task("recording blocks", total=len(prompts))
-            records = record(loaded.pair, prompts, cfg, progress=lambda i: bar.advance(task))
-    budgets = [int(b) for b in args.budgets.split(",")]
-    try:
-        gates = [(int(u), float(t)) for u, t in (g.split(":") for g in args.gates.split(",") if g)]
-    except ValueError:
-        ap.error(f"--gates wants MAX_UFPS:TAU_MARGIN pairs, got {args.gates!r}")
-    rep = {"target": "tiny" if args.tiny else args.target, "draft": "tiny" if args.tiny else args.draft,
-           "k": args.k, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
-           **replay(records, budgets, cfg, gates)}
-    print(f"{rep['blocks']} blocks; replay = engine on {rep['replay_matches_engine']}, "
-          f"chain = branch 0 on {rep['chain_matches_branch0']}")
+            check = {} if args.check else None
+            records = record(loaded.pair, prompts, cfg, shapes, budgets, progress=lambda i: bar.advance(task),
+                             check=check)
+    rep = {"target": "tiny" if args.tiny else loaded.pair.names.get("target"),
+           "draft": "tiny" if args.tiny else loaded.pair.names.get("draft"), "drafter": loaded.drafter_kind,
+           "k": k, "prompts": len(prompts), "sets": ["tiny"] if args.tiny else parse_list(args.sets),
+           "offset": args.offset, "max_new_tokens": args.max_new_tokens, **replay(records, shapes, budgets, cfg)}
+    if check is not None:
+        rep["check"] = check
+    chain = rep["accepted"]["chain"][-1] if budgets[-1] >= k - 1 else None
+    rep["replay_matches_engine"] = sum(accept(shape_tree(Shape("chain"), cfg, r.proposal, k - 1, None), r.truth,
+                                              r.complete)[0] == r.accepted for r in records)
+    print(f"{rep['blocks']} blocks; the chain replay equals the engine's acceptance on {rep['replay_matches_engine']}"
+          + ("" if chain is None else f"; chain at K-1 accepts {chain:.3f}"))
     print("mean accepted tokens per block (tau - 1)")
-    print("V      " + "".join(f"{name:>13}" for name in rep["accepted"]))
+    print("V      " + "".join(f"{name:>20}" for name in rep["accepted"]))
     for j, v in enumerate(budgets):
-        print(f"{v:<7}" + "".join(f"{rep['accepted'][name][j]:13.3f}" for name in rep["accepted"]))
+        print(f"{v:<7}" + "".join(f"{rep['accepted'][name][j]:20.3f}" for name in rep["accepted"]))
     if args.json:
         Path(args.json).write_text(json.dumps(rep, indent=2))
         print(f"wrote {args.json}")

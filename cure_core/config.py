@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, replace
 from .errors import CureError
 
 STRATEGIES = ("ar", "sd", "parallel", "cure", "ddtree")
+CURE_TREES = ("best-first", "paper")
 KV_LAYOUTS = ("static", "dynamic")
 
 
@@ -51,8 +52,14 @@ class DecodeConfig:
     max_ufps: int = 1             # UFPs repaired per block, taken in ascending margin
     v_max: int = 64               # node budget V(T) <= v_max (root excluded); cuts repair suffixes, never branch 0
     auto_budget: bool = False     # pick the budget per block from the measured cost curve (v_max = ceiling; budget.py)
-    beam: int = 5                 # repair-branch frontier: at most this many repair nodes at any depth
-    top_k: int = 8                # draft alternatives kept per position (>= b_max + 1; ddtree's per-depth width)
+    beam: int = 5                 # paper tree: at most this many repair nodes at any depth
+    top_k: int = 8                # draft alternatives kept per position for the paper tree (>= b_max + 1);
+                                  # best-first trees (ddtree, cure best-first) take max(top_k, budget), so a
+                                  # node may get as many children as the budget holds (strategies.proposal_width)
+    # --- CURE's tree (strategies.py) ---
+    cure_tree: str = "best-first" # best-first: nodes by joint draft log-prob, suffixes re-drafted under the
+                                  # best substitutions | paper: branch 0 + repair branches at UFPs (the paper's)
+    redrafts: int = 2             # best-first: substitutions whose subtree is re-drafted per block (one pass)
     # --- ablations (paper Table 4) ---
     keep_branch0: bool = True     # False: the drafted block is not verified unless a repair shares it
     resync: bool = True           # False: the drafter is fed branch 0's tokens instead of the emitted ones
@@ -65,6 +72,10 @@ class DecodeConfig:
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
             raise ConfigError(f"unknown strategy {self.strategy!r}; choose one of {', '.join(STRATEGIES)}")
+        if self.cure_tree not in CURE_TREES:
+            raise ConfigError(f"unknown CURE tree {self.cure_tree!r}; choose one of {', '.join(CURE_TREES)}")
+        if self.redrafts < 0:
+            raise ConfigError(f"`redrafts` must be >= 0, got {self.redrafts}")
         if self.kv_cache not in KV_LAYOUTS:
             raise ConfigError(f"unknown KV cache layout {self.kv_cache!r}; choose one of {', '.join(KV_LAYOUTS)}")
         if self.compile and self.kv_cache != "static":

@@ -1,17 +1,21 @@
-"""Tree construction per strategy (DESIGN.md steps 2-5), from one drafted block.
+"""Tree construction per strategy, from one drafted block.
 
   ar        no tree: the target verifies the root alone and emits its next token
   sd        branch 0 only (an autoregressive draft model's chain)
   parallel  branch 0 only (the block-parallel draft)
-  cure      branch 0 + repair branches at Uncertainty Focal Points, suffixes re-drafted
-  ddtree    best-first tree over the drafter's per-position top-k log-probs, no re-drafting
+  cure      best-first (default): nodes by joint draft log-prob, as ddtree, but the subtrees under the
+            best substitutions (non-top-1 tokens) are re-drafted conditioned on them, and the re-drafted
+            log-probs compete for the budget in the same heap
+            paper: branch 0 + repair branches at Uncertainty Focal Points, suffixes re-drafted
+  ddtree    best-first over the drafter's per-position top-k log-probs, no re-drafting: the reference
+            rule (liranringel/ddtree, Algorithm 1), no per-depth width cap, children limited by the budget
 """
 from __future__ import annotations
 
 import heapq
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .block import UFP
 from .config import DecodeConfig
@@ -26,7 +30,18 @@ CHAIN_STRATEGIES = ("sd", "parallel")       # branch 0 only
 class TreePlan:
     tree: DraftTree
     ufps: tuple[UFP, ...] = ()
-    redraft_ms: float = 0.0       # drafter compute spent re-drafting repair suffixes (cure only)
+    redraft_ms: float = 0.0       # drafter compute spent re-drafting (cure only): it counts as draft time
+
+
+def best_first_tree(cfg: DecodeConfig) -> bool:
+    """ddtree and best-first cure spend the budget node by node over per-position top-k."""
+    return cfg.strategy == "ddtree" or (cfg.strategy == "cure" and cfg.cure_tree == "best-first")
+
+
+def proposal_width(cfg: DecodeConfig, budget: int) -> int:
+    """Candidates per drafted position. Rule: a best-first tree may give one node as many children as the
+    budget holds (the reference takes top-min(budget, vocab)); the paper tree grafts at most b_max."""
+    return max(cfg.top_k, budget) if best_first_tree(cfg) else cfg.top_k
 
 
 def build_tree(cfg: DecodeConfig, proposal: Proposal | None, drafter: Drafter | None) -> TreePlan:
@@ -36,14 +51,137 @@ def build_tree(cfg: DecodeConfig, proposal: Proposal | None, drafter: Drafter | 
         tree = DraftTree()
         tree.add_path(proposal.tokens, branch=0)
         return TreePlan(tree)
-    if cfg.strategy == "cure":
+    if cfg.strategy == "cure" and cfg.cure_tree == "paper":
         return build_cure_tree(cfg, proposal, drafter)
+    if cfg.strategy == "cure":
+        return build_cure_best_first(cfg, proposal, drafter)
     return TreePlan(build_ddtree(cfg, proposal))
 
 
+# ---------------------------------------------------------------------------------------------
+# Best-first over top-k tables (ddtree, cure best-first)
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Table:
+    """Per-position candidates for depths first .. first + len(ids) - 1: ids[r][j] is the j-th best token
+    at depth first + r, logp[r][j] its draft log-prob (best first)."""
+    ids: list[list[int]]
+    logp: list[list[float]]
+    first: int = 1
+
+    @staticmethod
+    def of(p: Proposal, first: int = 1) -> "Table":
+        return Table(p.top_ids.tolist(), p.top_logprobs.tolist(), first)
+
+    def last(self) -> int:
+        return self.first + len(self.ids) - 1
+
+
+@dataclass
+class BestFirst:
+    """A best-first tree and, per node, what built it: its joint log-prob, its rank in the table it came
+    from, and its path of tokens from depth 1 (keys the re-drafted tables)."""
+    tree: DraftTree = field(default_factory=DraftTree)
+    scores: list[float] = field(default_factory=list)
+    ranks: list[int] = field(default_factory=list)
+    paths: list[tuple[int, ...]] = field(default_factory=list)
+
+
+def best_first(base: Table, budget: int, under: dict[tuple[int, ...], Table] | None = None) -> BestFirst:
+    """The `budget` nodes of highest joint draft log-prob (DDTree's Algorithm 1).
+
+    A node at depth d holding the j-th candidate scores its parent's score + log q_d(candidate); every
+    candidate scores at most its parent, so the best `budget` form a tree. Lazily: popping a node pushes
+    its next sibling and its best child. Ties go to the lexicographically smaller rank path, as in the
+    reference. Children come from the table of the node's nearest ancestor-or-self with an entry in
+    `under` (keyed by token path: a re-drafted subtree), else from `base`. Impossible candidates
+    (log-prob -inf: masked ids) are never pushed."""
+    under = under or {}
+    out = BestFirst()
+    tree = out.tree
+    heap: list = []
+
+    def push(score: float, ranks: tuple, parent: int, depth: int, rank: int, table: Table) -> None:
+        if score > -math.inf:
+            heapq.heappush(heap, (-score, ranks, parent, depth, rank, table))
+
+    if base.ids:
+        push(base.logp[0][0], (0,), -1, base.first, 0, base)
+    while heap and len(tree) < budget:
+        neg, ranks, parent, depth, rank, table = heapq.heappop(heap)
+        row = depth - table.first
+        score = -neg
+        if rank + 1 < len(table.ids[row]):                 # the next sibling candidate
+            push(score - table.logp[row][rank] + table.logp[row][rank + 1], ranks[:-1] + (rank + 1,),
+                 parent, depth, rank + 1, table)
+        token = table.ids[row][rank]
+        if (parent, token) in tree._child:                  # a table repeating an id: one node, once
+            continue
+        path = (out.paths[parent] if parent >= 0 else ()) + (token,)
+        # Rule: branch 0 is the base table's top-1 chain; a substitution starts a branch that its top-1
+        # descendants continue (what the UI colours as repairs).
+        on_chain = rank == 0 and table is base and (parent < 0 or tree.branches[parent] == 0)
+        branch = 0 if on_chain else (tree.branches[parent] if rank == 0 and parent >= 0 else len(tree) + 1)
+        node = tree.add_path([token], branch=branch, parent=parent)[0]
+        out.scores.append(score)
+        out.ranks.append(rank)
+        out.paths.append(path)
+        child_table = under.get(path, table)
+        if depth < child_table.last():                    # its best child
+            push(score + child_table.logp[depth + 1 - child_table.first][0], ranks + (0,), node, depth + 1, 0,
+                 child_table)
+    return out
+
+
+def build_ddtree(cfg: DecodeConfig, proposal: Proposal) -> DraftTree:
+    """The reference DDTree: best-first over the drafter's per-position top-k, budget v_max."""
+    return best_first(Table.of(proposal), cfg.v_max).tree
+
+
+def substitutions(bf: BestFirst, depth_limit: int, count: int) -> list[int]:
+    """Nodes whose subtree is worth re-drafting: substitutions (not the top-1 candidate where they
+    stand) that the tree extends below, best joint log-prob first. Rule: a subtree the budget leaves
+    empty would gain nothing from better candidates, so it is never re-drafted."""
+    has_child = {p for p in bf.tree.parents if p >= 0}
+    subs = [i for i in range(len(bf.tree)) if bf.ranks[i] > 0 and i in has_child and bf.tree.depths[i] < depth_limit]
+    return sorted(subs, key=lambda i: -bf.scores[i])[:count]
+
+
+def build_cure_best_first(cfg: DecodeConfig, proposal: Proposal, drafter: Drafter) -> TreePlan:
+    """Repair-aware best-first: the ddtree of the block, then the subtrees under its best `redrafts`
+    substitutions re-drafted in ONE batched drafter pass conditioned on the substituted token, then
+    best-first again with the re-drafted log-probs competing for the same budget. With no substitution
+    worth it, this is ddtree's tree at no extra cost."""
+    base = Table.of(proposal)
+    first = best_first(base, cfg.v_max)
+    n = len(proposal.tokens)
+    picked = substitutions(first, n, cfg.redrafts)
+    if not picked:
+        return TreePlan(first.tree)
+    prefixes = [list(first.paths[i]) for i in picked]
+    t0 = time.perf_counter()
+    redrafted = drafter.redraft_topk(prefixes, [n - len(p) for p in prefixes], len(base.ids[0]))
+    redraft_ms = (time.perf_counter() - t0) * 1e3
+    under = {tuple(p): Table.of(r, first=len(p) + 1) for p, r in zip(prefixes, redrafted) if len(r.tokens)}
+    final = best_first(base, cfg.v_max, under)
+    margins = proposal.margins
+    by_pos: dict[int, list[int]] = {}
+    for p in prefixes:
+        if tuple(p) in final.paths:
+            by_pos.setdefault(len(p) - 1, []).append(p[-1])
+    ufps = tuple(UFP(position=pos, margin=margins[pos], budget=len(alts), alternatives=tuple(alts))
+                 for pos, alts in sorted(by_pos.items()))
+    return TreePlan(final.tree, ufps, redraft_ms=redraft_ms)
+
+
+# ---------------------------------------------------------------------------------------------
+# The paper's tree: branch 0 + repair branches at UFPs
+# ---------------------------------------------------------------------------------------------
+
 def select_ufps(cfg: DecodeConfig, margins: list[float]) -> list[tuple[int, float, int]]:
-    """Steps 2-3: (position, margin, budget) for up to max_ufps positions with m_i < tau_margin,
-    most fragile first. Budget: u_i = clamp(1 - m_i/s, 0, 1); b_i = b_min + round(u_i (b_max - b_min))."""
+    """(position, margin, budget) for up to max_ufps positions with m_i < tau_margin, most fragile
+    first. Budget: u_i = clamp(1 - m_i/s, 0, 1); b_i = b_min + round(u_i (b_max - b_min))."""
     fragile = sorted((m, i) for i, m in enumerate(margins) if m < cfg.tau_margin)[: cfg.max_ufps]
     picked = []
     for m, i in fragile:
@@ -57,7 +195,7 @@ def build_cure_tree(cfg: DecodeConfig, proposal: Proposal, drafter: Drafter) -> 
     block = proposal.tokens                                  # y_0..y_{n-1}
     n = len(block)
     picked = select_ufps(cfg, proposal.margins)
-    # Step 4: repair branches. Branch (k, c) = y_0..y_{k-1}, c, then a suffix re-drafted under c.
+    # Repair branches. Branch (k, c) = y_0..y_{k-1}, c, then a suffix re-drafted under c.
     prefixes, lengths, owners = [], [], []
     ufps = []
     for pos, margin, budget in picked:
@@ -77,8 +215,8 @@ def build_cure_tree(cfg: DecodeConfig, proposal: Proposal, drafter: Drafter) -> 
     t0 = time.perf_counter()
     suffixes = drafter.redraft(prefixes, lengths) if prefixes else []
     redraft_ms = (time.perf_counter() - t0) * 1e3
-    # Step 5: trie merge under the budget. Branch 0 goes in first and whole (the budget never cuts
-    # it); repair branches follow in UFP order, most probable substitute first.
+    # Trie merge under the budget. Branch 0 goes in first and whole (the budget never cuts it); repair
+    # branches follow in UFP order, most probable substitute first.
     tree = DraftTree()
     has_repairs = bool(prefixes)
     if cfg.keep_branch0 or not has_repairs:
@@ -111,40 +249,3 @@ def repairs_that_fit(n: int, owners: list[int], lengths: list[int], v_max: int, 
             added += 1
         fit.append(added > 0)
     return fit
-
-
-def build_ddtree(cfg: DecodeConfig, proposal: Proposal) -> DraftTree:
-    """Best-first expansion over per-position top-k: a node at depth d holding the j-th candidate of
-    position d-1 scores parent score + log q_{d-1}(candidate). The V_max best-scoring nodes are
-    kept (each node's parent scores higher, so the kept set is a tree); at most `top_k` children
-    per node and `beam`+1 nodes per depth."""
-    ids = proposal.top_ids.tolist()                          # [n, k]
-    logp = proposal.top_logprobs.tolist()
-    n, k = len(ids), len(ids[0])
-    width = cfg.beam + 1
-    tree = DraftTree()
-    per_depth = [0] * (n + 1)
-    # heap entries: (-score, tie, parent node, depth, rank); the first child of every expanded node
-    # and the next sibling of every popped node are pushed (lazy top-k expansion).
-    heap = [(-logp[0][0], 0, -1, 1, 0)]
-    tie = 1
-    while heap and len(tree) < cfg.v_max:
-        neg, _, parent, depth, rank = heapq.heappop(heap)
-        score = -neg
-        if score == float("-inf"):                           # an impossible candidate, and all after it
-            break
-        if rank + 1 < k:                                     # the next sibling candidate
-            parent_score = score - logp[depth - 1][rank]
-            heapq.heappush(heap, (-(parent_score + logp[depth - 1][rank + 1]), tie, parent, depth, rank + 1))
-            tie += 1
-        if per_depth[depth] >= width:
-            continue
-        branch = 0 if (rank == 0 and (parent < 0 or tree.branches[parent] == 0)) else len(tree) + 1
-        if rank == 0 and parent >= 0 and tree.branches[parent] != 0:
-            branch = tree.branches[parent]
-        node = tree.add_path([ids[depth - 1][rank]], branch=branch, parent=parent)[0]
-        per_depth[depth] += 1
-        if depth < n:                                        # its best child
-            heapq.heappush(heap, (-(score + logp[depth][0]), tie, node, depth + 1, 0))
-            tie += 1
-    return tree

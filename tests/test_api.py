@@ -82,15 +82,15 @@ def test_the_tuner_is_shared_across_lengths_not_across_policies(tiny_dirs):
 
 def test_engine_flags_are_declared_once():
     """No decoding command declares an engine flag itself: generate, chat and bench (and train-drafter's
-    --target and --device) take them from EngineArgs. (train-drafter's --seed seeds training, not sampling.)"""
+    --target and --device) take them from EngineArgs. (train-drafter's and analyze's --seed seed training
+    and a scorer, not sampling.)"""
     flags = [f.metadata["flags"][0].split("/")[0] for f in EngineArgs.__dataclass_fields__.values()]
-    for path in (ROOT / "cure_cli").rglob("*.py"):
-        if path.name == "train_cmd.py":
-            flags_here = ["--target", "--device"]
-            assert not any(re.search(rf'typer\.Option\(\s*"{f}"', path.read_text()) for f in flags_here)
-            continue
+    cli = ROOT / "cure_cli"
+    decoding = [cli / "generate.py", cli / "chat_cmd.py", cli / "bench_cmd.py", cli / "common.py",
+                *(cli / "tui").glob("*.py"), *(cli / "bench").glob("*.py")]
+    for path, checked in [(p, flags) for p in decoding] + [(cli / "train_cmd.py", ["--target", "--device"])]:
         text = path.read_text()
-        for flag in flags:
+        for flag in checked:
             assert not re.search(rf'typer\.Option\(\s*"{re.escape(flag)}"', text), f"{path.name} declares {flag}"
     for path in (ROOT / "benchmarks").glob("*.py"):
         text = path.read_text()

@@ -176,6 +176,23 @@ def test_propose_and_redraft_shapes(drafter, dtarget):
     assert drafter.context_len == len(prompt) - 1          # drafting never touches the context cache
 
 
+def test_a_short_proposal_drafts_the_trained_block(drafter, dtarget):
+    """DFlash attends bidirectionally inside a block, so 3 masks give other logits than the trained 7:
+    a small budget must cut the tree, never the drafted block."""
+    ctx = list(b"def add(a, b):")
+    drafter.reset(ctx[:-1], target_features(dtarget, ctx[:-1], drafter.target_layer_ids))
+    full = drafter.forward_blocks([[ctx[-1]] + [MASK_ID] * 7])[0][1:]
+    short = drafter.forward_blocks([[ctx[-1]] + [MASK_ID] * 3])[0][1:]
+    assert not torch.allclose(full[:3], short, atol=1e-4)
+    p = drafter.propose(ctx[-1], 3, 4)
+    torch.testing.assert_close(p.top_logprobs, torch.log_softmax(full[:3], -1).topk(4, -1).values)
+    assert p.tokens == full[:3].argmax(-1).tolist()
+    # a re-drafted branch is padded to the trained block the same way
+    (r,) = drafter.redraft_topk([[7]], [2], 4)
+    padded = drafter.forward_blocks([[ctx[-1], 7] + [MASK_ID] * 6])[0][2:4]
+    assert r.tokens == padded.argmax(-1).tolist() and r.top_ids.shape == (2, 4)
+
+
 # ---------------------------------------------------------------------------------------------
 # The forward: matches the published computation; non-causal block, causal context
 # ---------------------------------------------------------------------------------------------
@@ -412,15 +429,15 @@ def test_draft_vocab_columns_are_the_full_heads_logits(drafter, cut, dtarget):
     cut.reset(ctx, feats)
     assert MASK_ID not in cut.vocab.ids.tolist() and cut.vocab.ids[:60].tolist() == list(range(40, 100))
     assert set(cut.vocab.ids.tolist()) == set(range(40, 100)) | set(ctx)
-    block = [ord("q")] + [MASK_ID] * 5
-    full = drafter.forward_blocks([block])[0]                       # [6, BYTE_VOCAB]
-    part = cut.forward_blocks([block])[0]                           # [6, V']
+    block = [ord("q")] + [MASK_ID] * 7                              # the trained block (block_size 8)
+    full = drafter.forward_blocks([block])[0]                       # [8, BYTE_VOCAB]
+    part = cut.forward_blocks([block])[0]                           # [8, V']
     torch.testing.assert_close(part, full[:, cut.vocab.ids], atol=1e-5, rtol=1e-5)
-    p = cut.propose(ord("q"), 5, 3)
+    p = cut.propose(ord("q"), 5, 3)                                 # 5 of the trained block's 7 rows
     assert set(p.top_ids.flatten().tolist()) <= set(cut.vocab.ids.tolist())
-    assert p.tokens == cut.to_target_ids(part[1:].argmax(-1)).tolist()
+    assert p.tokens == cut.to_target_ids(part[1:6].argmax(-1)).tolist()
     # margins are logit gaps: renormalising over the subset leaves them as they are
-    ref = full[1:, cut.vocab.ids].topk(2, dim=-1).values
+    ref = full[1:6, cut.vocab.ids].topk(2, dim=-1).values
     assert p.margins == pytest.approx((ref[:, 0] - ref[:, 1]).tolist(), abs=1e-4)
     # a later committed token joins the vocabulary; a new generation forgets it
     cut.advance([ord("~")], target_features(dtarget, ctx + [ord("~")], drafter.target_layer_ids)[-1:])

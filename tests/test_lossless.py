@@ -42,6 +42,8 @@ def configs(draw):
         resync=draw(st.booleans()),
         auto_budget=draw(st.booleans()),
         kv_cache=draw(st.sampled_from(["static", "dynamic"])),
+        cure_tree=draw(st.sampled_from(["best-first", "paper"])),
+        redrafts=draw(st.integers(0, 4)),
     )
 
 
@@ -174,16 +176,19 @@ def test_budget_tuner_costs_the_tree_a_budget_would_really_hold():
     assert t.expected_size(64) == (20 + 64) / 2
 
 
-def test_compiled_static_shapes_equal_ar(target, drafts):
+@pytest.mark.parametrize("cure_tree", ["paper", "best-first"])
+def test_compiled_static_shapes_equal_ar(target, drafts, cure_tree):
     """--compile: torch.compile over padded static shapes (CUDA graphs on a GPU; inductor on this
     CPU) emits ar's tokens. The dummy padding nodes must never be accepted or seen."""
     pair = make_pair(target, drafts["mild"])
     prompt = list(b"def f(x):\n")
     conf = dict(max_new_tokens=14, k=5, v_max=12, tau_margin=3.0)
     ref, _ = run(pair, DecodeConfig(strategy="ar", kv_cache="dynamic", **conf), prompt)
-    out, blocks = run(pair, DecodeConfig(strategy="cure", compile=True, **conf), prompt)
+    out, blocks = run(pair, DecodeConfig(strategy="cure", compile=True, cure_tree=cure_tree, **conf), prompt)
     assert out == ref
-    assert any(b.ufps for b in blocks)                 # repair branches really went through the padded path
+    # repair branches (paper) / trees wider than a chain (best-first) really went through the padded path
+    assert any(b.ufps for b in blocks) if cure_tree == "paper" else \
+        any(len({n.depth for n in b.nodes}) < b.tree_size for b in blocks)
 
 
 def test_budget_tuner_skips_drafting_when_no_tree_pays():

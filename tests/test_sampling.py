@@ -2,6 +2,7 @@
 import itertools
 from collections import Counter
 
+import pytest
 import torch
 
 from cure_core.config import DecodeConfig
@@ -51,9 +52,10 @@ def test_tree_sampling_exact_on_fixed_logits():
     assert chi2 < 46.8, chi2
 
 
-def test_engine_first_tokens_follow_target_distribution():
+@pytest.mark.parametrize("cure_tree", ["paper", "best-first"])
+def test_engine_first_tokens_follow_target_distribution(cure_tree):
     """End to end with real models at temperature 1: the first two tokens' joint distribution,
-    computed exactly from the target, against cure's samples."""
+    computed exactly from the target, against cure's samples (both CURE trees)."""
     torch.set_num_threads(1)
     target = tiny_target(seed=3, vocab_size=VOCAB + 1, logit_scale=1.0, max_positions=64)
     draft = perturbed_copy(target, noise=0.3, seed=4)
@@ -70,7 +72,8 @@ def test_engine_first_tokens_follow_target_distribution():
     n = 1500
     counts = Counter()
     for seed in range(n):
-        cfg = DecodeConfig(strategy="cure", k=4, max_new_tokens=2, temperature=1.0, seed=seed, tau_margin=5.0)
+        cfg = DecodeConfig(strategy="cure", k=4, max_new_tokens=2, temperature=1.0, seed=seed, tau_margin=5.0,
+                           cure_tree=cure_tree, v_max=12)
         out = [t for b in Engine(pair, cfg).generate(prompt) for t in b.emitted]
         counts[tuple(out)] += 1
     # pool cells with small expectation into one

@@ -1,5 +1,6 @@
 """Tree construction, masks and budgets against brute force."""
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -165,8 +166,6 @@ def test_ddtree_best_first_within_budget(v_max):
     tree = build_ddtree(cfg, p)
     assert len(tree) == min(v_max, len(tree))
     assert len(tree) <= v_max
-    for d in set(tree.depths):
-        assert tree.depths.count(d) <= cfg.beam + 1
     # best-first: every kept node scores at least as high as... its parent scores higher than it
     logp = {(d, t): lp for d in range(15) for t, lp in zip(p.top_ids[d].tolist(), p.top_logprobs[d].tolist())}
     score = {}
@@ -184,7 +183,7 @@ def test_ddtree_never_grafts_an_impossible_candidate():
     p.top_logprobs[:, 2:] = float("-inf")
     tree = build_ddtree(DecodeConfig(strategy="ddtree", k=4, v_max=40), p)
     allowed = {t for row in p.top_ids[:, :2].tolist() for t in row}
-    assert set(tree.tokens) <= allowed and len(tree) == 2 + 4 + 6       # 2 per node; beam + 1 = 6 per depth
+    assert set(tree.tokens) <= allowed and len(tree) == 2 + 4 + 8       # 2 per node, no width cap: all 14
 
 
 @pytest.mark.parametrize("bad", [dict(k=1), dict(v_max=3), dict(b_min=4, b_max=2), dict(strategy="nope"),
@@ -192,3 +191,120 @@ def test_ddtree_never_grafts_an_impossible_candidate():
 def test_invalid_config_is_refused(bad):
     with pytest.raises(ConfigError):
         DecodeConfig(**bad)
+
+
+# ---------------------------------------------------------------------------------------------
+# ddtree is the reference rule; cure best-first re-drafts below substitutions
+# ---------------------------------------------------------------------------------------------
+
+def reference_ddtree(ids, logp, budget):
+    """DDTree's Algorithm 1 written out independently: repeatedly take the best frontier candidate,
+    where the frontier is every child (any rank) of the root or of a taken node that is not taken yet.
+    Scores are sums of log-probs along the path; ties go to the smaller rank path. Returns the taken
+    nodes as token paths."""
+    import math
+    taken: dict[tuple, float] = {}                       # rank path -> score
+    frontier = {(r,): logp[0][r] for r in range(len(ids[0])) if logp[0][r] > -math.inf}
+    while frontier and len(taken) < budget:
+        best = min(frontier, key=lambda rp: (-frontier[rp], rp))
+        taken[best] = frontier.pop(best)
+        d = len(best)
+        if d < len(ids):
+            for r in range(len(ids[d])):
+                if logp[d][r] > -math.inf:
+                    frontier[best + (r,)] = taken[best] + logp[d][r]
+    return {tuple(ids[i][r] for i, r in enumerate(rp)) for rp in taken}
+
+
+def tree_paths(tree):
+    return {tuple(tree.tokens[j] for j in tree.path_to(i)) for i in range(len(tree))}
+
+
+@pytest.mark.parametrize("budget", [4, 8, 16, 32, 64])
+@pytest.mark.parametrize("seed", range(6))
+def test_ddtree_is_the_reference_rule_on_random_tables(budget, seed):
+    g = torch.Generator().manual_seed(seed)
+    n, k = 7, 64
+    logits = torch.randn(n, 100, generator=g) * (1 + seed)
+    logp, ids = torch.log_softmax(logits, -1).topk(k, -1)
+    p = Proposal(tokens=ids[:, 0].tolist(), top_ids=ids, top_logprobs=logp)
+    tree = build_ddtree(DecodeConfig(strategy="ddtree", k=min(n, budget) + 1, v_max=budget), p)
+    assert tree_paths(tree) == reference_ddtree(ids.tolist(), logp.tolist(), budget)
+    assert len(tree) == budget
+
+
+def test_ddtree_replays_recorded_blocks_like_the_reference(tmp_path):
+    """Blocks recorded from a real generation (tiny models, a PARD drafter, proposals as wide as the
+    budget): the engine's builder and the written-out rule keep the same node sets at every budget."""
+    from cure_core.engine import Engine
+    from cure_core.models import build_pair
+    from cure_core.tiny import MASK_ID, perturbed_copy, tiny_target
+    target = tiny_target(seed=0, logit_scale=4.0)
+    pair, _ = build_pair(target, perturbed_copy(target, noise=0.3, seed=1), drafter="pard", mask_token_id=MASK_ID)
+    seen = []
+
+    class Keep:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def propose(self, root, n, top_k):
+            seen.append(self.inner.propose(root, n, top_k))
+            return seen[-1]
+    pair.drafter = Keep(pair.drafter)
+    for prompt in (b"def add(a, b):\n", b"import os\n", b"class A:\n"):
+        list(Engine(pair).generate(list(prompt), DecodeConfig(strategy="ddtree", k=8, v_max=64, max_new_tokens=24)))
+    assert len(seen) >= 10
+    for p in seen:
+        for budget in (4, 8, 16, 32, 64):
+            tree = build_ddtree(DecodeConfig(strategy="ddtree", k=min(8, budget + 1), v_max=budget), p)
+            assert tree_paths(tree) == reference_ddtree(p.top_ids.tolist(), p.top_logprobs.tolist(), budget)
+
+
+class TableRedrafter:
+    """A drafter whose re-drafts come from a table: prefix -> per-position (ids, logp)."""
+
+    def __init__(self, table):
+        self.table, self.calls = table, []
+
+    def redraft_topk(self, prefixes, lengths, top_k):
+        self.calls.append([tuple(p) for p in prefixes])
+        out = []
+        for p, n in zip(prefixes, lengths):
+            ids, logp = self.table[tuple(p)]
+            out.append(Proposal(tokens=[r[0] for r in ids[:n]], top_ids=torch.tensor(ids[:n]),
+                                top_logprobs=torch.tensor(logp[:n])))
+        return out
+
+
+def test_cure_best_first_redrafts_the_best_substitution_and_lets_its_log_probs_compete():
+    from cure_core.strategies import build_cure_best_first
+    # depth 1: token 10 (p .55) vs 20 (p .45); depth 2 marginals favour 11 (after 10); depth 3 likewise
+    ids = [[10, 20, 30], [11, 21, 31], [12, 22, 32]]
+    logp = [[math.log(.55), math.log(.44), math.log(.01)], [math.log(.6), math.log(.3), math.log(.1)],
+            [math.log(.6), math.log(.3), math.log(.1)]]
+    p = Proposal(tokens=[10, 11, 12], top_ids=torch.tensor(ids), top_logprobs=torch.tensor(logp))
+    # under the substitute 20 the re-drafted next positions are confident: 25 then 26
+    d = TableRedrafter({(20,): ([[25, 11, 21], [26, 12, 22]], [[math.log(.95), math.log(.03), math.log(.02)],
+                                                              [math.log(.9), math.log(.05), math.log(.05)]])})
+    cfg = DecodeConfig(strategy="cure", k=4, v_max=5, redrafts=1)
+    plan = build_cure_best_first(cfg, p, d)
+    assert d.calls == [[(20,)]]                                  # one batched pass, the best substitution
+    paths = tree_paths(plan.tree)
+    assert (20, 25) in paths and (20, 25, 26) in paths           # the re-drafted subtree won the budget
+    assert (20, 11) not in paths                                 # ddtree's marginal reuse is gone
+    assert len(plan.tree) == 5 and plan.ufps[0].position == 0 and plan.ufps[0].alternatives == (20,)
+    ddtree = tree_paths(build_ddtree(cfg.with_(strategy="ddtree"), p))
+    assert (20, 11) in ddtree and (20, 25) not in ddtree
+
+
+def test_cure_best_first_without_a_substitution_worth_it_is_ddtrees_tree():
+    from cure_core.strategies import build_cure_best_first
+    p = proposal(list(range(1, 8)), [5.0] * 7, k=4)                  # confident: the budget goes down the chain
+    d = TableRedrafter({})
+    cfg = DecodeConfig(strategy="cure", k=8, v_max=7)
+    plan = build_cure_best_first(cfg, p, d)
+    assert d.calls == [] and plan.redraft_ms == 0.0
+    assert tree_paths(plan.tree) == tree_paths(build_ddtree(cfg.with_(strategy="ddtree"), p))

@@ -17,7 +17,7 @@ import torch
 
 from ..lm import CachedLM, Forward
 from ..tree import DraftTree
-from .base import Proposal, top_k_logprobs
+from .base import Proposal, proposals, top_k_logprobs
 from .vocab import DraftVocab
 
 
@@ -97,20 +97,23 @@ class ArDrafter(_CausalDrafter):
         cols, logp = top_k_logprobs(torch.stack(rows), top_k)   # [n, k]
         return Proposal(tokens=tokens, top_ids=self._ids(cols), top_logprobs=logp)
 
-    def redraft(self, prefixes: Sequence[Sequence[int]], lengths: Sequence[int]) -> list[list[int]]:
+    def redraft_topk(self, prefixes: Sequence[Sequence[int]], lengths: Sequence[int], top_k: int) -> list[Proposal]:
+        # Every prefix in one pass (a trie), then one batched step per suffix token, greedy on each branch.
+        if not prefixes:
+            return []
         tree = DraftTree()
         ends = [tree.add_path(p, branch=j)[-1] for j, p in enumerate(prefixes)]
         fwd = self.lm.forward(tree.tokens, tree.parents)
         rows = self._scores(fwd, ends)                          # [B, C] after each prefix
         last = [fwd.nodes[e] for e in ends]
-        out: list[list[int]] = [[] for _ in prefixes]
+        out: list[list[torch.Tensor]] = [[] for _ in prefixes]
         for step in range(max(lengths, default=0)):
             live = [j for j in range(len(prefixes)) if lengths[j] > step]
-            toks = [int(self._ids(rows[j].argmax())) for j in live]
-            for j, t in zip(live, toks):
-                out[j].append(t)
+            for j in live:
+                out[j].append(rows[j])
             if step + 1 == max(lengths):
                 break
+            toks = [int(self._ids(rows[j].argmax())) for j in live]
             fwd = self.lm.forward(toks, [last[j] for j in live])
             new_rows = self._scores(fwd, slice(None))
             rows = rows.clone()
@@ -118,7 +121,11 @@ class ArDrafter(_CausalDrafter):
                 rows[j] = new_rows[i]
                 last[j] = fwd.nodes[i]
         self.lm.rollback()
-        return out
+        width = rows.new_zeros((0, rows.shape[-1]))
+        return proposals([torch.stack(r) if r else width for r in out], top_k, self._ids)
+
+    def redraft(self, prefixes: Sequence[Sequence[int]], lengths: Sequence[int]) -> list[list[int]]:
+        return [p.tokens for p in self.redraft_topk(prefixes, lengths, 1)]
 
 
 class PardDrafter(_CausalDrafter):
@@ -150,22 +157,20 @@ class PardDrafter(_CausalDrafter):
         ids = self._ids(cols)
         return Proposal(tokens=ids[:, 0].tolist(), top_ids=ids, top_logprobs=logp)
 
-    def redraft(self, prefixes: Sequence[Sequence[int]], lengths: Sequence[int]) -> list[list[int]]:
-        # One batched pass over the trie of [prefix_j, mask x (L_j - 1)]: the substituted token and
-        # the masks after it predict branch j's suffix.
+    def redraft_topk(self, prefixes: Sequence[Sequence[int]], lengths: Sequence[int], top_k: int) -> list[Proposal]:
+        # One batched pass over the trie of [prefix_j, mask x (L_j - 1)]: the substituted token and the
+        # masks after it predict branch j's next L_j tokens. (Causal: more masks would change nothing.)
         tree = DraftTree()
         spans = []
         for j, (p, n) in enumerate(zip(prefixes, lengths)):
             nodes = tree.add_path(list(p) + [self.mask_token_id] * max(n - 1, 0), branch=j)
             spans.append(nodes[len(p) - 1: len(p) - 1 + n] if n > 0 else [])
         if len(tree) == 0:
-            return [[] for _ in prefixes]
+            return proposals([torch.zeros((0, 1)) for _ in prefixes], top_k)
         fwd = self.lm.forward(tree.tokens, tree.parents)
         self.lm.rollback()
-        flat = [i for span in spans for i in span]
-        toks = self._ids(self._scores(fwd, flat).argmax(-1)).tolist()   # one argmax over every suffix row
-        out, at = [], 0
-        for span in spans:
-            out.append(toks[at: at + len(span)])
-            at += len(span)
-        return out
+        scores = self._scores(fwd, [i for span in spans for i in span])           # [sum L_j, C]
+        return proposals(list(scores.split([len(span) for span in spans])), top_k, self._ids)
+
+    def redraft(self, prefixes: Sequence[Sequence[int]], lengths: Sequence[int]) -> list[list[int]]:
+        return [p.tokens for p in self.redraft_topk(prefixes, lengths, 1)]

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ModelLoadError
-from .base import Proposal, top_k_logprobs
+from .base import Proposal, proposals, top_k_logprobs
 from .vocab import DraftVocab
 
 DEFAULT_BLOCK_SIZE = 16
@@ -335,28 +335,34 @@ class DFlashDrafter:
         return list(logits.split([len(b) for b in blocks]))
 
     def propose(self, root: int, n: int, top_k: int) -> Proposal:
-        # Block = [root, mask x n]: as long as the tokens asked for, as the reference shrinks its
-        # block near the end of a generation (n = block_size - 1 for the published K).
+        # Rule: the block is always the trained one, [root, mask x (block_size - 1)] (longer only when more
+        # tokens are asked for): attention inside a block is bidirectional, so drafting fewer masks would
+        # change every logit. A small budget cuts the tree, never the drafted block.
         self._root = int(root)                              # redraft() branches hang off this anchor
         if self.vocab is not None:
             self.vocab.add([root])                          # the anchor is context too
-        rows = self.forward_blocks([[root] + [self.mask_token_id] * n])[0][1:]    # [n, V']
+        masks = max(n, self.block_size - 1)
+        rows = self.forward_blocks([[root] + [self.mask_token_id] * masks])[0][1:1 + n]    # [n, V']
         cols, logp = top_k_logprobs(rows, top_k)
         ids = self.to_target_ids(cols)
         return Proposal(tokens=ids[:, 0].tolist(), top_ids=ids, top_logprobs=logp)
 
-    def redraft(self, prefixes: Sequence[Sequence[int]], lengths: Sequence[int]) -> list[list[int]]:
-        # Branch j = [root, prefix_j..., mask x L_j]; its masks predict the suffix. The root is the
-        # anchor propose() last used; the context has not moved since.
+    def redraft_topk(self, prefixes: Sequence[Sequence[int]], lengths: Sequence[int], top_k: int) -> list[Proposal]:
+        # Branch j = [root, prefix_j..., mask x M_j], padded with masks to the trained block size (the same
+        # rule as propose); its first L_j masks predict the next L_j tokens. The root is the anchor
+        # propose() last used; the context has not moved since.
         live = [j for j, n in enumerate(lengths) if n > 0]
-        out: list[list[int]] = [[] for _ in prefixes]
-        if not live:
-            return out
-        blocks = [[self._root] + list(prefixes[j]) + [self.mask_token_id] * lengths[j] for j in live]
-        logits = self.forward_blocks(blocks)
-        for j, blk, lg in zip(live, blocks, logits):
-            out[j] = self.to_target_ids(lg[len(blk) - lengths[j]:].argmax(-1)).tolist()
-        return out
+        rows: list[torch.Tensor] = [torch.zeros((0, 1)) for _ in prefixes]
+        if live:
+            blocks = [[self._root] + list(prefixes[j])
+                      + [self.mask_token_id] * max(lengths[j], self.block_size - 1 - len(prefixes[j])) for j in live]
+            for j, lg in zip(live, self.forward_blocks(blocks)):
+                start = 1 + len(prefixes[j])
+                rows[j] = lg[start:start + lengths[j]]
+        return proposals(rows, top_k, self.to_target_ids)
+
+    def redraft(self, prefixes: Sequence[Sequence[int]], lengths: Sequence[int]) -> list[list[int]]:
+        return [p.tokens for p in self.redraft_topk(prefixes, lengths, 1)]
 
 
 # --------------------------------------------------------------------------------------------
