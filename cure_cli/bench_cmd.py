@@ -278,7 +278,8 @@ def bench(
     strategies: Annotated[str, typer.Option("--strategies", help="Comma list of runs: ar,sd,parallel,cure,ddtree.")] = "ar,sd,parallel,cure,ddtree",
     data: Annotated[Optional[Path], typer.Option("--data", help="Local data file (needed for mbpp and lcb-lite; overrides the packaged humaneval/gsm8k).")] = None,
     prompts: Annotated[Optional[Path], typer.Option("--prompts", help="Custom prompts: jsonl with 'prompt' (optional task_id, kind, tests, entry_point, answer).")] = None,
-    ablate: Annotated[Optional[str], typer.Option("--ablate", help="Add CURE ablation runs: branch0, resync (comma list; paper Table 4).")] = None,
+    ablate: Annotated[Optional[str], typer.Option("--ablate", help="Add CURE ablation runs: branch0, resync (comma list; paper Table 4; on the paper's tree).")] = None,
+    paper: Annotated[bool, typer.Option("--paper", help="cure runs the paper's tree (branch 0 + repairs at UFPs), as the ablations do; same as --cure-tree paper.")] = False,
     allow_code_exec: Annotated[bool, typer.Option("--allow-code-exec", help="Run generated code in the sandbox to score pass@1.")] = False,
     output_dir: Annotated[Optional[Path], typer.Option("--output-dir", "-o", help="Where results go (default runs/<timestamp>/).")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue an output dir: skip finished (prompt, run) pairs.")] = False,
@@ -292,6 +293,8 @@ def bench(
     quiet_transformers()
     from cure_core.trace import TraceWriter
 
+    if paper:
+        args = args.with_(cure_tree="paper")
     p = plan(dataset, prompts, data, limit, strategies, ablate, args)
     m = load(p, args, args.chat)
     pair = m.pair.pair

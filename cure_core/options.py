@@ -50,8 +50,11 @@ class EngineArgs:
     seed: int = _opt("--seed", default=0, help="Sampling seed (temperature > 0).")
     k: int | None = _opt("--k", default=None, kind=int, help=(
         "Block size K: the root plus K-1 drafted tokens. Default: the drafter's trained block size, else 16."))
-    tau_margin: float = _opt("--tau-margin", default=1.0, help="UFP gate: draft top1-top2 log-prob margin below this.")
-    b_max: int = _opt("--b-max", default=5, help="Repair branches at the most uncertain UFP.")
+    tau_margin: float = _opt("--tau-margin", default=1.0, help="Paper tree: the UFP gate, a draft top1-top2 log-prob margin below this.")
+    b_max: int = _opt("--b-max", default=5, help="Paper tree: repair branches at the most uncertain UFP.")
+    cure_tree: str = _opt("--cure-tree", default="best-first", help=(
+        "cure's tree: best-first (nodes by joint draft log-prob, the subtrees under the best substitutions "
+        "re-drafted conditioned on them) | paper (branch 0 + repair branches at UFPs, as the paper)."))
     v_max: str = _opt("--v-max", default="auto", metavar="N|auto", help=(
         "Tree node budget V_max, or auto: measure the target's verification cost curve once and pick, block by "
         "block, the budget that maximises expected tokens/s (budget 0, no draft, included)."))
@@ -89,7 +92,7 @@ class EngineArgs:
         return DecodeConfig.from_user(strategy=self.strategy, k=k, v_max=self.v_max, b_max=self.b_max,
                                       max_new_tokens=self.max_new_tokens, temperature=self.temperature,
                                       seed=self.seed, tau_margin=self.tau_margin, kv_cache=self.kv_cache,
-                                      compile=self.compile, **changes)
+                                      compile=self.compile, cure_tree=self.cure_tree, **changes)
 
     def draft_vocab_ids(self) -> int:
         """`draft_vocab` as a number of ids. Rule: auto restricts causal drafters' heads on a CPU only, where

@@ -48,7 +48,8 @@ class RunSpec:
 
 def build_runs(base: DecodeConfig, strategies: Sequence[str], ablate: Sequence[str] = ()) -> list[RunSpec]:
     """One RunSpec per strategy, then CURE with each ablation (and all of them together when more
-    than one is asked for). The caller makes sure 'cure' is among the strategies when ablating."""
+    than one is asked for). The caller makes sure 'cure' is among the strategies when ablating.
+    Rule: the ablations are the paper's (Table 4), so they ablate the paper's tree."""
     from cure_core.config import STRATEGIES
     for s in strategies:
         if s not in STRATEGIES:
@@ -62,7 +63,7 @@ def build_runs(base: DecodeConfig, strategies: Sequence[str], ablate: Sequence[s
         changes: dict = {}
         for a in combo:
             changes.update(ABLATIONS[a])
-        runs.append(RunSpec("cure-no-" + "-no-".join(combo), base.with_(strategy="cure", **changes)))
+        runs.append(RunSpec("cure-no-" + "-no-".join(combo), base.with_(strategy="cure", cure_tree="paper", **changes)))
     return runs
 
 
