@@ -1,7 +1,7 @@
 """cure against its peers: transformers' own decoding loops and cure's strategies, one process.
 
     python benchmarks/peers.py --target qwen-coder-1.5b --limit 20 --max-new-tokens 64 \\
-        [--sets humaneval,gsm8k,benchmarks/prompts/prose.jsonl] [--offset 20] \\
+        [--sets humaneval@20,gsm8k,benchmarks/prompts/chat20.jsonl] \\
         [--strategies ar,sd,parallel,cure,ddtree] [--hf generate,assisted,prompt-lookup] \\
         [--threads N] [--json OUT.json] [any engine flag of `cure generate`: --draft, --k, --v-max ...]
     python benchmarks/peers.py --tiny            # in-process tiny random models: a fast smoke run
@@ -10,7 +10,7 @@ Models open exactly as `cure generate` opens them (cure_core.api.open_pair, the 
 and defaults): the shipped drafter, K from the drafter, --v-max auto, --draft-vocab auto.
 
 Methods, all greedy (temperature 0), all on the SAME target model object and the same prompts:
-`--sets`, each `--limit` prompts after skipping `--offset` (HumanEval raw completion style; GSM8K and
+`--sets`, `--limit` prompts each (HumanEval raw completion style; GSM8K and
 custom prompt files through the chat template, as `cure bench` encodes them). Summaries are per set
 and over all of them, so a drafter that only knows code shows as such. `--kernels` (default auto: packed oneDNN
 matmuls on a float32 CPU, see cure_core/cpu_kernels.py) applies to those shared model objects, so
@@ -153,17 +153,13 @@ class Setup:
 
 
 def prompt_sets(args, loaded) -> list[tuple[str, str, list[int]]]:
-    """(set, task_id, ids) for every --sets entry: a task name (cure_tasks) or a prompts .jsonl file;
-    `--offset` prompts skipped, then `--limit` kept, per set."""
-    from cure_tasks import TASK_NAMES, raw_by_default
-    from cure_tasks import load as load_task
+    """(set, task_id, ids) for every --sets entry (cure_tasks.load_set: a task, task@N, or a prompts file),
+    `--limit` prompts each; completion-style tasks raw, the rest through the chat template."""
+    from cure_tasks import load_set, raw_by_default
     out = []
     for spec in parse_list(args.sets):
-        name, path = (spec, None) if spec in TASK_NAMES else (Path(spec).stem, spec)
-        task = spec if spec in TASK_NAMES else "prompts"
-        problems = load_task(task, path, args.offset + args.limit)[args.offset:]
-        raw = raw_by_default(task)
-        out += [(name, p.task_id, loaded.encode(p.prompt, chat=not raw)) for p in problems]
+        name, task, problems = load_set(spec, args.limit)
+        out += [(name, p.task_id, loaded.encode(p.prompt, chat=not raw_by_default(task))) for p in problems]
     return out
 
 
@@ -422,10 +418,9 @@ def parse_args(argv: Sequence[str] | None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--strategies", default="ar,sd,parallel,cure,ddtree")
     ap.add_argument("--hf", default="generate,assisted,prompt-lookup", help="transformers methods to run")
-    ap.add_argument("--sets", default="humaneval", help="comma list: humaneval, gsm8k, mbpp, lcb-lite, or a "
-                    "prompts .jsonl file (cure bench --prompts format)")
+    ap.add_argument("--sets", default="humaneval", help="comma list: humaneval, gsm8k, mbpp, lcb-lite, TASK@N (skip "
+                    "its first N: held-out ranges, e.g. humaneval@20), or a prompts .jsonl file (cure bench --prompts format)")
     ap.add_argument("--limit", type=int, default=20, help="prompts per set")
-    ap.add_argument("--offset", type=int, default=0, help="skip this many prompts of each set first (held-out ranges)")
     ap.add_argument("--hf-assistant-tokens", type=int, default=None,
                     help="fix HF assisted generation's draft length (constant schedule); default: HF's own")
     ap.add_argument("--prompt-lookup-tokens", type=int, default=10)
@@ -437,8 +432,8 @@ def parse_args(argv: Sequence[str] | None):
     ap.add_argument("--quiet", action="store_true", help="no per-generation progress lines")
     EngineArgs.add_cli_args(ap, exclude=("strategy", "temperature", "seed", "chat"), max_new_tokens=64)
     args = ap.parse_args(argv)
-    if args.limit < 1 or args.max_new_tokens < 1 or args.offset < 0:
-        ap.error("--limit and --max-new-tokens must be >= 1, --offset >= 0")
+    if args.limit < 1 or args.max_new_tokens < 1:
+        ap.error("--limit and --max-new-tokens must be >= 1")
     return args
 
 
@@ -509,7 +504,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "schema": SCHEMA,
         "environment": env,
         "config": {"draft_vocab": setup.models["draft_vocab"], "tiny": args.tiny, "limit": args.limit,
-                   "offset": args.offset, "max_new_tokens": args.max_new_tokens, "k": setup.config.k,
+                   "max_new_tokens": args.max_new_tokens, "k": setup.config.k,
                    "v_max": args.v_max, "strategies": parse_list(args.strategies), "hf": parse_list(args.hf),
                    "warmup_tokens": warm, "temperature": 0.0,
                    "prompt_encoding": "raw for completion tasks (humaneval, mbpp), else the chat template",

@@ -82,6 +82,7 @@ class Collector:
 class Shape:
     name: str
     redrafts: int | None = None   # cure best-first: substitutions re-drafted per block
+    weight: float = 1.0           # cure best-first: the re-draft's weight in the blend (strategies.mix)
 
 
 def shape_tree(shape: Shape, base: DecodeConfig, p: Proposal, v: int, drafter) -> DraftTree:
@@ -97,8 +98,8 @@ def shape_tree(shape: Shape, base: DecodeConfig, p: Proposal, v: int, drafter) -
     if shape.name == "ddtree":
         return build_ddtree(cfg.with_(strategy="ddtree"), cut(p, rows, proposal_width(cfg.with_(strategy="ddtree"), v)))
     if shape.name == "cure-paper":
-        return build_cure_tree(cfg.with_(cure_tree="paper"), cut(p, rows, PAPER_WIDTH), drafter).tree
-    cfg = cfg.with_(cure_tree="best-first", redrafts=shape.redrafts)
+        return build_cure_tree(cfg.with_(strategy="cure", cure_tree="paper"), cut(p, rows, PAPER_WIDTH), drafter).tree
+    cfg = cfg.with_(strategy="cure", cure_tree="best-first", redrafts=shape.redrafts, redraft_weight=shape.weight)
     return build_cure_best_first(cfg, cut(p, rows, proposal_width(cfg, v)), drafter).tree
 
 
@@ -110,6 +111,7 @@ class Recorded:
     complete: bool                            # the truth reaches the full depth (not cut by the end)
     accepted: int                             # what the recording engine accepted
     recorded_tree: int                        # its tree size
+    set: str = ""                             # the prompt set the block's prompt came from
 
 
 class Recorder:
@@ -153,7 +155,7 @@ def record(pair, prompts, cfg: DecodeConfig, shapes, budgets, progress=lambda i:
     out: list[Recorded] = []
     try:
         engine = Engine(pair)
-        for i, ids in enumerate(prompts):
+        for i, (set_name, ids) in enumerate(prompts):
             start = len(rec.blocks)
             every = list(engine.generate(ids, cfg))
             sequence = list(ids) + [t for b in every for t in b.emitted]
@@ -161,7 +163,8 @@ def record(pair, prompts, cfg: DecodeConfig, shapes, budgets, progress=lambda i:
             for b, (p, memo) in zip(blocks, rec.blocks[start:]):
                 at = b.context_len + 1                     # the root sits at context_len
                 truth = tuple(sequence[at: at + len(p.tokens)])
-                out.append(Recorded(p, memo, truth, len(truth) == len(p.tokens), b.accept_length, b.tree_size))
+                out.append(Recorded(p, memo, truth, len(truth) == len(p.tokens), b.accept_length, b.tree_size,
+                                    set_name))
             progress(i)
     finally:
         pair.drafter = rec.inner
@@ -200,26 +203,8 @@ def replay(records: list[Recorded], shapes, budgets, base: DecodeConfig) -> dict
             "censored": {n: [censored[(n, v)] for v in budgets] for n in names}}
 
 
-def parse_args(argv):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tiny", action="store_true", help="tiny random models and built-in prompts (smoke run)")
-    ap.add_argument("--sets", default="humaneval", help="comma list of tasks or prompt .jsonl files")
-    ap.add_argument("--limit", type=int, default=20, help="prompts per set")
-    ap.add_argument("--offset", type=int, default=0, help="skip this many prompts of each set first")
-    ap.add_argument("--budgets", default="3,5,8,16,32,64")
-    ap.add_argument("--redrafts", default="1,2,4", help="cure best-first: re-drafted substitutions per block to compare")
-    ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--json", default=None, metavar="OUT.json")
-    ap.add_argument("--check", action="store_true", help="also rebuild every replayed tree with the live drafter "
-                    "while recording and count differences (slow; the replay's exactness check)")
-    EngineArgs.add_cli_args(ap, exclude=("strategy", "temperature", "seed", "v_max", "chat"), k=8, max_new_tokens=48)
-    return ap.parse_args(argv)
-
-
-def main(argv=None) -> dict:
-    args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+def record_run(args, shapes, budgets, check):
+    """Load the pair as `cure generate` would, generate over the prompt sets, record every block."""
     from cure_core.api import open_pair
     engine_args = EngineArgs.from_cli_args(args).with_(strategy="parallel")
     with tempfile.TemporaryDirectory(prefix="cure-shapes-") as tmp:
@@ -231,31 +216,68 @@ def main(argv=None) -> dict:
         if loaded.pair.drafter is None:
             raise SystemExit("tree_shapes needs a drafter for the target (--draft)")
         if args.tiny:
-            prompts = [loaded.encode(t, chat=False) for t in TINY_PROMPTS[: args.limit]]
+            prompts = [("tiny", loaded.encode(t, chat=False)) for t in TINY_PROMPTS[: args.limit]]
         else:
-            from cure_tasks import TASK_NAMES, raw_by_default
-            from cure_tasks import load as load_task
+            from cure_tasks import load_set, raw_by_default
             prompts = []
             for spec in parse_list(args.sets):
-                task, path = (spec, None) if spec in TASK_NAMES else ("prompts", spec)
-                for q in load_task(task, path, args.offset + args.limit)[args.offset:]:
-                    prompts.append(loaded.encode(q.prompt, chat=not raw_by_default(task)))
-        budgets = [int(b) for b in args.budgets.split(",")]
+                name, task, problems = load_set(spec, args.limit)
+                prompts += [(name, loaded.encode(q.prompt, chat=not raw_by_default(task))) for q in problems]
         k = loaded.config.k
         # the recording engine: branch 0 only, at the full block, so every block is drafted whole
         cfg = loaded.config.with_(strategy="parallel", v_max=k - 1, auto_budget=False, stop_at_eos=True)
-        shapes = [Shape("chain"), Shape("ddtree"), Shape("cure-paper")] + \
-            [Shape(f"cure-best-first-r{r}", int(r)) for r in args.redrafts.split(",")]
         from rich.progress import Progress
         with Progress(transient=True) as bar:
             task = bar.add_task("recording blocks", total=len(prompts))
-            check = {} if args.check else None
             records = record(loaded.pair, prompts, cfg, shapes, budgets, progress=lambda i: bar.advance(task),
                              check=check)
-    rep = {"target": "tiny" if args.tiny else loaded.pair.names.get("target"),
-           "draft": "tiny" if args.tiny else loaded.pair.names.get("draft"), "drafter": loaded.drafter_kind,
-           "k": k, "prompts": len(prompts), "sets": ["tiny"] if args.tiny else parse_list(args.sets),
-           "offset": args.offset, "max_new_tokens": args.max_new_tokens, **replay(records, shapes, budgets, cfg)}
+    meta = {"target": "tiny" if args.tiny else loaded.pair.names.get("target"),
+            "draft": "tiny" if args.tiny else loaded.pair.names.get("draft"), "drafter": loaded.drafter_kind,
+            "prompts": len(prompts), "sets": ["tiny"] if args.tiny else parse_list(args.sets),
+            "max_new_tokens": args.max_new_tokens}
+    return records, cfg, meta
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tiny", action="store_true", help="tiny random models and built-in prompts (smoke run)")
+    ap.add_argument("--sets", default="humaneval", help="comma list of tasks, TASK@N (skip its first N), or prompt "
+                    ".jsonl files (cure_tasks.load_set)")
+    ap.add_argument("--limit", type=int, default=20, help="prompts per set")
+    ap.add_argument("--budgets", default="3,5,8,16,32,64")
+    ap.add_argument("--redrafts", default="1,2,4", help="cure best-first: re-drafted substitutions per block to compare "
+                    "(R, or R@W with W the re-draft's weight in the blend, strategies.mix)")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--json", default=None, metavar="OUT.json")
+    ap.add_argument("--save-records", default=None, metavar="FILE.pt", help="keep the recorded blocks (torch.save)")
+    ap.add_argument("--load-records", default=None, metavar="FILE.pt", help="replay blocks recorded earlier; no model runs")
+    ap.add_argument("--check", action="store_true", help="also rebuild every replayed tree with the live drafter "
+                    "while recording and count differences (slow; the replay's exactness check)")
+    EngineArgs.add_cli_args(ap, exclude=("strategy", "temperature", "seed", "v_max", "chat"), k=8, max_new_tokens=48)
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    budgets = [int(b) for b in args.budgets.split(",")]
+    shapes = [Shape("chain"), Shape("ddtree"), Shape("cure-paper")] + [
+        Shape(f"cure-best-first-r{spec}", int(spec.split("@")[0]), float(spec.split("@")[1]) if "@" in spec else 1.0)
+        for spec in args.redrafts.split(",")]
+    check = {} if args.check else None
+    if args.load_records:
+        saved = torch.load(args.load_records, weights_only=False)
+        records, cfg, meta = saved["records"], saved["config"], saved["meta"]
+    else:
+        records, cfg, meta = record_run(args, shapes, budgets, check)
+        if args.save_records:
+            torch.save({"records": records, "config": cfg, "meta": meta}, args.save_records)
+    k = cfg.k
+    rep = {**meta, "k": k, **replay(records, shapes, budgets, cfg)}
+    sets = sorted({r.set for r in records})
+    if len(sets) > 1:
+        rep["per_set"] = {name: replay([r for r in records if r.set == name], shapes, budgets, cfg) for name in sets}
     if check is not None:
         rep["check"] = check
     chain = rep["accepted"]["chain"][-1] if budgets[-1] >= k - 1 else None
@@ -265,8 +287,10 @@ def main(argv=None) -> dict:
           + ("" if chain is None else f"; chain at K-1 accepts {chain:.3f}"))
     print("mean accepted tokens per block (tau - 1)")
     print("V      " + "".join(f"{name:>20}" for name in rep["accepted"]))
-    for j, v in enumerate(budgets):
-        print(f"{v:<7}" + "".join(f"{rep['accepted'][name][j]:20.3f}" for name in rep["accepted"]))
+    for title, part in [("all sets", rep)] + sorted((rep.get("per_set") or {}).items()):
+        print(f"{title}: {part['blocks']} blocks")
+        for j, v in enumerate(budgets):
+            print(f"{v:<7}" + "".join(f"{part['accepted'][name][j]:20.3f}" for name in part["accepted"]))
     if args.json:
         Path(args.json).write_text(json.dumps(rep, indent=2))
         print(f"wrote {args.json}")

@@ -60,6 +60,8 @@ class DecodeConfig:
     cure_tree: str = "best-first" # best-first: nodes by joint draft log-prob, suffixes re-drafted under the
                                   # best substitutions | paper: branch 0 + repair branches at UFPs (the paper's)
     redrafts: int = 2             # best-first: substitutions whose subtree is re-drafted per block (one pass)
+    redraft_weight: float = 0.5   # best-first: weight of the re-drafted distribution below a substitution,
+                                  # blended with the proposal's (1: the re-draft alone; strategies.mix)
     # --- ablations (paper Table 4) ---
     keep_branch0: bool = True     # False: the drafted block is not verified unless a repair shares it
     resync: bool = True           # False: the drafter is fed branch 0's tokens instead of the emitted ones
@@ -74,6 +76,8 @@ class DecodeConfig:
             raise ConfigError(f"unknown strategy {self.strategy!r}; choose one of {', '.join(STRATEGIES)}")
         if self.cure_tree not in CURE_TREES:
             raise ConfigError(f"unknown CURE tree {self.cure_tree!r}; choose one of {', '.join(CURE_TREES)}")
+        if not 0.0 <= self.redraft_weight <= 1.0:
+            raise ConfigError(f"`redraft_weight` must lie in [0, 1], got {self.redraft_weight}")
         if self.redrafts < 0:
             raise ConfigError(f"`redrafts` must be >= 0, got {self.redrafts}")
         if self.kv_cache not in KV_LAYOUTS:

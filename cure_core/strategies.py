@@ -134,6 +134,26 @@ def best_first(base: Table, budget: int, under: dict[tuple[int, ...], Table] | N
     return out
 
 
+def mix(base: Table, redrafted: Table, weight: float) -> Table:
+    """The re-drafted rows blended with the proposal's rows at the same depths: per candidate
+    p = weight * p_redraft + (1 - weight) * p_proposal (a candidate outside one table's top-k counts 0
+    there), best first, as wide as the re-draft. weight 1: the re-draft alone."""
+    if weight >= 1.0:
+        return redrafted
+    ids, logp = [], []
+    for r, (rid, rlp) in enumerate(zip(redrafted.ids, redrafted.logp)):
+        row = redrafted.first + r - base.first
+        mass: dict[int, float] = {}
+        for t, lp in zip(rid, rlp):
+            mass[t] = mass.get(t, 0.0) + weight * math.exp(lp)
+        for t, lp in zip(base.ids[row], base.logp[row]):
+            mass[t] = mass.get(t, 0.0) + (1.0 - weight) * math.exp(lp)
+        best = sorted(mass.items(), key=lambda kv: -kv[1])[: len(rid)]
+        ids.append([t for t, _ in best])
+        logp.append([math.log(m) if m > 0 else -math.inf for _, m in best])
+    return Table(ids, logp, redrafted.first)
+
+
 def build_ddtree(cfg: DecodeConfig, proposal: Proposal) -> DraftTree:
     """The reference DDTree: best-first over the drafter's per-position top-k, budget v_max."""
     return best_first(Table.of(proposal), cfg.v_max).tree
@@ -163,7 +183,8 @@ def build_cure_best_first(cfg: DecodeConfig, proposal: Proposal, drafter: Drafte
     t0 = time.perf_counter()
     redrafted = drafter.redraft_topk(prefixes, [n - len(p) for p in prefixes], len(base.ids[0]))
     redraft_ms = (time.perf_counter() - t0) * 1e3
-    under = {tuple(p): Table.of(r, first=len(p) + 1) for p, r in zip(prefixes, redrafted) if len(r.tokens)}
+    under = {tuple(p): mix(base, Table.of(r, first=len(p) + 1), cfg.redraft_weight)
+             for p, r in zip(prefixes, redrafted) if len(r.tokens)}
     final = best_first(base, cfg.v_max, under)
     margins = proposal.margins
     by_pos: dict[int, list[int]] = {}

@@ -22,7 +22,7 @@ TASK_NAMES = tuple(TASKS)
 REFUSAL = ("code pass@1 not scored: grading runs model-written code; pass --allow-code-exec to run it in "
            "cure's sandbox (speed and acceptance are reported either way)")
 
-__all__ = ["TASKS", "TASK_NAMES", "DatasetError", "IOCase", "Problem", "load", "grade", "gradable",
+__all__ = ["TASKS", "TASK_NAMES", "DatasetError", "IOCase", "Problem", "load", "load_set", "grade", "gradable",
            "needs_exec", "extract_code", "raw_by_default", "truncate_at_stops", "REFUSAL"]
 
 
@@ -36,6 +36,22 @@ def load(name: str, data_path: str | Path | None = None, limit: int | None = Non
     """The problems of a task: humaneval and gsm8k come from their packages unless `data_path` points
     elsewhere; mbpp, lcb-lite and prompts need `data_path`."""
     return task(name).load(data_path, limit)
+
+
+def load_set(spec: str, limit: int | None = None) -> tuple[str, str, list[Problem]]:
+    """A prompt set named on a command line -> (set name, task, problems): a task name, `task@N` (skip its
+    first N problems: held-out ranges such as humaneval@20), or a prompts .jsonl file (named by its stem).
+    `limit` problems at most, after the skipped ones."""
+    name, _, skip = spec.partition("@")
+    try:
+        offset = int(skip) if skip else 0
+    except ValueError:
+        raise DatasetError(f"{spec!r}: the part after @ must be a number of problems to skip") from None
+    if name in TASKS:
+        problems = load(name, None, None if limit is None else offset + limit)[offset:]
+        return spec, name, problems
+    problems = load("prompts", name, None if limit is None else offset + limit)[offset:]
+    return Path(name).stem + (f"@{offset}" if offset else ""), "prompts", problems
 
 
 def raw_by_default(name: str) -> bool:

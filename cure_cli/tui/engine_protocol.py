@@ -126,6 +126,8 @@ class ReplayEngine:
 
     def check(self, cfg: DecodeConfig) -> DecodeConfig:
         conf = {k: v for k, v in self._peek().config.items() if k in DecodeConfig.__dataclass_fields__}
+        if conf and "cure_tree" not in conf:
+            conf["cure_tree"] = "paper"              # recorded before cure had another tree: the paper's
         try:
             return DecodeConfig(**conf) if conf else cfg.with_(strategy=self._peek().strategy)
         except (TypeError, CureError):
