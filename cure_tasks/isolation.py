@@ -218,7 +218,7 @@ def _sandbox(files: dict[str, int], cfg: dict) -> list[str]:
         "--unshare-cgroup-try", "--disable-userns", "--die-with-parent", "--new-session",
         "--hostname", "sandbox", *view, "--proc", "/proc", "--dev", "/dev",
         "--size", str(TMPFS_BYTES), "--tmpfs", "/tmp", "--size", str(TMPFS_BYTES), "--tmpfs", "/sandbox",
-        *data, "--chdir", "/sandbox", "--clearenv", *env, "--cap-drop", "ALL",
+        *data, "--remount-ro", "/", "--chdir", "/sandbox", "--clearenv", *env, "--cap-drop", "ALL",
         "--", os.path.realpath(sys.executable), "-I", "-S", CHILD_PATH, json.dumps(cfg),
     ]
 
