@@ -183,31 +183,40 @@ posixpath.abspath = lambda p: "/sandbox/ok"
 posixpath.realpath = lambda p, *a, **k: "/sandbox/ok"
 """ + ESCAPES, hooks=True),
     Attack("setns / unshare namespace re-entry", "no way back into host namespaces", """
-import os, glob, socket
+import ctypes, glob, os, socket
+libc = ctypes.CDLL(None, use_errno=True)
+NEWNS, NEWUSER, NEWPID, NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
+def check(rc, what):
+    if rc != 0:
+        raise OSError(ctypes.get_errno(), what)
 for p in glob.glob("/proc/*/ns/*"):
     try:
         fd = os.open(p, os.O_RDONLY)
-        os.setns(fd, 0)
-        print("ESCAPED setns", p)
+        check(libc.setns(fd, 0), "setns")
+        print("setns into", p, os.readlink("/proc/self/ns/net"))
     except OSError as exc:
         print("blocked", p, exc)
 for pid in (os.getppid(), 1, {grader}):
     try:
-        os.setns(os.pidfd_open(pid), os.CLONE_NEWNET | os.CLONE_NEWNS | os.CLONE_NEWUSER)
-        print("ESCAPED setns pidfd", pid)
+        check(libc.setns(os.pidfd_open(pid), NEWNET | NEWNS | NEWUSER), "setns pidfd")
+        print("setns pidfd", pid)
     except OSError as exc:
         print("blocked pidfd", pid, exc)
-for flag in ("CLONE_NEWUSER", "CLONE_NEWNET", "CLONE_NEWNS"):
+for name, flag in (("user", NEWUSER), ("net", NEWNET), ("mount", NEWNS), ("pid", NEWPID)):
     try:
-        os.unshare(getattr(os, flag))
-        print("unshared", flag)
+        check(libc.unshare(flag), "unshare")
+        print("unshared", name)
     except OSError as exc:
-        print("blocked", flag, exc)
+        print("blocked unshare", name, exc)
 try:
     socket.create_connection(("127.0.0.1", {port}), timeout=1)
     print("ESCAPED connected")
 except OSError as exc:
     print("blocked connect", exc)
+try:
+    print("ESCAPED", open({secret_file!r}).read())
+except OSError as exc:
+    print("blocked read", exc)
 """),
     Attack("network to a local listener", "no connection reaches the host", """
 import socket
