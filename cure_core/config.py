@@ -5,6 +5,7 @@ tau_margin=1.0, b_min=1, b_max=5, verification beam 5, at most one UFP per block
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, replace
 
 from .errors import CureError
@@ -44,6 +45,11 @@ class DecodeConfig:
     compile: bool = False         # torch.compile the target forward over padded static shapes (CUDA graphs on a GPU)
 
     def __post_init__(self) -> None:
+        # Rule: real-valued knobs are finite numbers (nan passes every `< 0` check; inf breaks sampling).
+        for name in ("temperature", "tau_margin", "margin_scale"):
+            value = getattr(self, name)
+            if value is not None and not math.isfinite(value):
+                raise ConfigError(f"{name} must be a finite number, got {value}")
         if self.strategy not in STRATEGIES:
             raise ConfigError(f"unknown strategy {self.strategy!r}; choose one of {', '.join(STRATEGIES)}")
         if self.kv_cache not in KV_LAYOUTS:
