@@ -64,7 +64,7 @@ def json_lines(path: Path, kind: str) -> Iterator[tuple[int, dict]]:
                 if not raw.strip():
                     continue
                 try:
-                    obj = _parse(raw, f"{path}:{no}: corrupt {kind} line")
+                    obj = parse_line(raw, f"{path}:{no}: corrupt {kind} line")
                 except RecordError as e:
                     raise RecordError(str(e), no, last=not f.read(1)) from None
                 yield no, obj
@@ -74,9 +74,10 @@ def json_lines(path: Path, kind: str) -> Iterator[tuple[int, dict]]:
         raise RecordError(f"{path} is too large to read") from None
 
 
-def _parse(raw: bytes, where: str) -> dict:
+def parse_line(raw: bytes | str, where: str) -> dict:
+    """One JSON-lines record: a JSON object, else RecordError "<where> (why)"."""
     try:
-        obj = json.loads(raw.decode("utf-8"))
+        obj = json.loads(raw.decode("utf-8") if isinstance(raw, bytes) else raw)
     except UnicodeDecodeError:
         raise RecordError(f"{where} (not UTF-8 text)") from None
     except json.JSONDecodeError as e:

@@ -25,7 +25,6 @@ import importlib
 import json
 import os
 import sys
-import traceback
 import types
 
 SOURCE = "/sandbox/main.py"
