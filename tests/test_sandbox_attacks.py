@@ -177,9 +177,10 @@ except PermissionError as exc:
 """ + ESCAPES, hooks=True),
     Attack("hook neutered by monkeypatching os.fspath", "path guard fooled, OS still refuses", """
 import os, posixpath
-os.fspath = lambda p: "/sandbox/ok"
-posixpath.abspath = lambda p: "/sandbox/ok"
-posixpath.realpath = lambda p, *a, **k: "/sandbox/ok"
+inside = os.getcwd() + "/ok"              # every path now looks like one in the sandbox dir
+os.fspath = lambda p: inside
+posixpath.abspath = lambda p: inside
+posixpath.realpath = lambda p, *a, **k: inside
 """ + ESCAPES, hooks=True),
     Attack("setns / unshare namespace re-entry", "no way back into host namespaces", """
 import ctypes, glob, os, socket
