@@ -30,6 +30,7 @@ import functools
 import json
 import os
 import secrets
+import select
 import shutil
 import signal
 import subprocess
@@ -228,18 +229,29 @@ def _sandbox(files: dict[str, int], cfg: dict) -> list[str]:
 # --------------------------------------------------------------------------------------------
 @dataclass
 class Sandboxed:
-    """One started sandbox: its outermost process and, as root, its pids cgroup."""
+    """One started sandbox: its outermost process, the init of its PID namespace, and as root its pids
+    cgroup."""
 
     popen: subprocess.Popen
     cgroup: "_PidsCgroup | None"
+    init_pidfd: int | None = None     # pidfd of the outermost bwrap's namespace init
 
     def kill(self) -> None:
-        """SIGKILL it (its PID namespace, and so everything it started, goes with it) and reap it."""
+        """SIGKILL it and wait until nothing of it is left.
+
+        Rule: killing bwrap kills its namespace init (--die-with-parent), and the kernel kills every other
+        process of that PID namespace before the init's exit completes; so once the init's pidfd is readable,
+        everything the sample started is gone.
+        """
         try:
             os.killpg(self.popen.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
         self.popen.wait()
+        if self.init_pidfd is not None:
+            select.select([self.init_pidfd], [], [], 10.0)
+            os.close(self.init_pidfd)
+            self.init_pidfd = None
         if self.cgroup is not None:
             self.cgroup.kill_all_and_remove()
 
@@ -267,6 +279,7 @@ def _spawn(cfg: dict, files: dict[str, str], *, limits: Limits, stdin: IO[bytes]
     with open(_CHILD_SOURCE, encoding="utf-8") as f:
         texts = {CHILD_PATH: f.read(), **files}
     data_fds = {dest: _memfd(text) for dest, text in texts.items()}
+    info_r, info_w = os.pipe()
     cgroup = None
     try:
         uid = SANDBOX_UID if _root() else os.getuid()
@@ -274,21 +287,43 @@ def _spawn(cfg: dict, files: dict[str, str], *, limits: Limits, stdin: IO[bytes]
         if _root():
             cgroup = _PidsCgroup.create(limits.nproc + 8)
             command = _outer_privileged() + command
-            if cgroup is not None:
-                # Rule: join the pids cgroup before anything else runs, so the kernel counts every fork.
-                command = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', cgroup.procs_file, *command]
+        # The outermost bwrap reports the pid of its namespace init (kill() waits for it).
+        first = command.index("bwrap") + 1
+        command[first:first] = ["--info-fd", str(info_w)]
+        if cgroup is not None:
+            # Rule: join the pids cgroup before anything else runs, so the kernel counts every fork.
+            command = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', cgroup.procs_file, *command]
         try:
             popen = subprocess.Popen(command, stdin=stdin, stdout=stdout, stderr=stderr, env=dict(_ENV),
                                      cwd="/", close_fds=True, start_new_session=True,
-                                     pass_fds=(*fds.values(), *data_fds.values()))
+                                     pass_fds=(*fds.values(), *data_fds.values(), info_w))
         except OSError:
             if cgroup is not None:
                 cgroup.kill_all_and_remove()
             raise
-        return Sandboxed(popen, cgroup)
+        os.close(info_w)
+        info_w = -1
+        return Sandboxed(popen, cgroup, _init_pidfd(info_r))
     finally:
-        for fd in data_fds.values():
-            os.close(fd)
+        for fd in (*data_fds.values(), info_r, info_w):
+            if fd >= 0:
+                os.close(fd)
+
+
+def _init_pidfd(info_r: int) -> int | None:
+    """A pidfd for the "child-pid" bwrap writes to its --info-fd (None if it wrote nothing: it failed)."""
+    data, deadline = b"", time.monotonic() + 10.0
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([info_r], [], [], max(0.0, deadline - time.monotonic()))
+        chunk = os.read(info_r, 4096) if ready else b""
+        if not chunk:
+            break
+        data += chunk
+    try:
+        pid = json.loads(data)["child-pid"]
+        return os.pidfd_open(pid) if type(pid) is int else None
+    except (ValueError, KeyError, TypeError, OSError):
+        return None
 
 
 def _memfd(text: str) -> int:
