@@ -293,6 +293,10 @@ def bench(
     quiet_transformers()
     from cure_core.trace import TraceWriter
 
+    if allow_code_exec:
+        from cure_tasks.isolation import isolation_problem
+        if (problem := isolation_problem()):
+            fail(problem)                                   # before any model loads
     if paper:
         args = args.with_(cure_tree="paper")
     p = plan(dataset, prompts, data, limit, strategies, ablate, args)

@@ -8,9 +8,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from cure_core.embedded import DEFAULT_TARGET, EMBEDDED_MODELS, model_status
+from cure_core.embedded import DEFAULT_TARGET, EMBEDDED_MODELS, MARKER, cache_path, ensure_cached, model_status
 
-from .common import friendly_errors
+from .common import err_console, friendly_errors
 
 
 def _mb(n: int) -> str:
@@ -18,8 +18,13 @@ def _mb(n: int) -> str:
 
 
 @friendly_errors
-def models(as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list.")] = False) -> None:
+def models(
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list.")] = False,
+    verify: Annotated[bool, typer.Option("--verify", help="Check every cached model's files against the full sha256 its marker records (reads every byte; a plain load only checks sizes and sampled hashes); a cache that fails is rebuilt from its GGUF parts.")] = False,
+) -> None:
     """List the embedded model aliases usable as --target/--draft, offline."""
+    if verify:
+        verify_caches()
     rows = [model_status(alias) for alias in EMBEDDED_MODELS]
     if as_json:
         print(json.dumps([{"alias": s.alias, "model": s.hf_name, "installed": s.installed, "cached": s.cached,
@@ -43,3 +48,17 @@ def models(as_json: Annotated[bool, typer.Option("--json", help="Print a JSON li
     for s in rows:
         if not s.installed:
             console.print(f"[dim]{s.alias}: {s.pip_hint}[/]", highlight=False)
+
+
+def verify_caches() -> None:
+    """Full check of every built cache; one line per cache on stderr (rebuilt ones say why)."""
+    for alias in EMBEDDED_MODELS:
+        folder = cache_path(alias)
+        if not (folder / MARKER).exists():
+            continue
+        notes: list[str] = []
+        ensure_cached(alias, full_check=True, notice=notes.append)
+        for note in notes:
+            err_console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
+        state = "rebuilt" if notes else "verified"
+        err_console.print(f"{alias}: {state} ({folder})", highlight=False, soft_wrap=True)

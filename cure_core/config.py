@@ -72,6 +72,11 @@ class DecodeConfig:
     compile: bool = False         # torch.compile the target forward over padded static shapes (CUDA graphs on a GPU)
 
     def __post_init__(self) -> None:
+        # Rule: real-valued knobs are finite numbers (nan passes every `< 0` check; inf breaks sampling).
+        for name in ("temperature", "tau_margin", "margin_scale", "redraft_weight"):
+            value = getattr(self, name)
+            if value is not None and not math.isfinite(value):
+                raise ConfigError(f"`{name}` must be a finite number, got {value}")
         if self.strategy not in STRATEGIES:
             raise ConfigError(f"unknown strategy {self.strategy!r}; choose one of {', '.join(STRATEGIES)}")
         if self.cure_tree not in CURE_TREES:
@@ -84,10 +89,6 @@ class DecodeConfig:
             raise ConfigError(f"unknown KV cache layout {self.kv_cache!r}; choose one of {', '.join(KV_LAYOUTS)}")
         if self.compile and self.kv_cache != "static":
             raise ConfigError("`compile` needs the static KV cache (`kv_cache` static)")
-        for name in ("temperature", "tau_margin", "margin_scale"):
-            value = getattr(self, name)
-            if value is not None and not math.isfinite(value):
-                raise ConfigError(f"`{name}` must be a finite number, got {value}")
         if self.k < 2:
             raise ConfigError(f"K must be at least 2 (the root plus one drafted token), got {self.k}")
         if self.k > 128:

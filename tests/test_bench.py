@@ -289,6 +289,14 @@ def test_tables_pard_chain_sd_and_code_exec(tiny_dirs, prompts_file, tmp_path):
     assert res["scoring"]["runs"]["ar"]["scored"] == 1
 
 
+def test_allow_code_exec_refuses_in_one_line_without_isolation(tiny_dirs, prompts_file, tmp_path, monkeypatch):
+    from cure_tasks import isolation
+    missing = "cannot isolate generated code: bwrap not found (apt-get install bubblewrap util-linux)"
+    monkeypatch.setattr(isolation, "isolation_problem", lambda: missing)
+    r = bench(tiny_dirs, prompts_file, tmp_path / "run", "--strategies", "ar", "--allow-code-exec", "--limit", 1)
+    assert r.exit_code == 2 and missing in r.stderr and "Traceback" not in r.output
+
+
 def test_interrupt_keeps_finished_work_and_resume_skips_it(tiny_dirs, prompts_file, tmp_path, monkeypatch):
     out = tmp_path / "run"
     real = bench_runner.generate_pair

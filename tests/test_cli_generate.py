@@ -52,6 +52,9 @@ def test_streams_text_then_stats_line(tiny_dirs):
     (["--drafter", "magic"], "unknown drafter"),
     (["--draft-vocab", "-3"], "--draft-vocab"),
     (["--draft-vocab", "lots"], "--draft-vocab"),
+    (["--temperature", "nan"], "temperature must be a finite number"),
+    (["--temperature", "inf"], "temperature must be a finite number"),
+    (["--tau-margin", "nan"], "tau_margin must be a finite number"),
 ])
 def test_bad_input_is_one_clear_line(tiny_dirs, args, expect):
     t, d = tiny_dirs
@@ -63,6 +66,15 @@ def test_bad_input_is_one_clear_line(tiny_dirs, args, expect):
     assert expect in r.stderr
     assert "Traceback" not in r.output and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) <= 2
+
+
+@pytest.mark.parametrize("chat", ["--raw", "--chat"])
+def test_a_prompt_that_is_not_utf8_is_one_clear_line(tiny_dirs, chat):
+    t, d = tiny_dirs
+    prompt = b"hi \xff there".decode("utf-8", "surrogateescape")    # what Python makes of such an argv
+    r = gen(prompt, "--target", t, "--draft", d, chat, "-n", 4)
+    assert r.exit_code == 2 and "not valid UTF-8 text (byte 0xff at character 3)" in r.stderr, r.output
+    assert "Traceback" not in r.output and len(r.stderr.strip().splitlines()) == 1
 
 
 def test_empty_and_too_long_prompt(tiny_dirs):

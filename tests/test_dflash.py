@@ -541,6 +541,58 @@ def test_bad_dflash_checkpoints_are_one_clear_error(tmp_path, dtarget):
         load_dflash(write_dflash(tmp_path / "ok", dtarget), wide)
 
 
+MALFORMED = [
+    ("empty target_layer_ids", lambda c: c["dflash_config"].update(target_layer_ids=[]), "target_layer_ids"),
+    ("string target_layer_ids", lambda c: c["dflash_config"].update(target_layer_ids="01"), "target_layer_ids"),
+    ("bool target_layer_ids", lambda c: c["dflash_config"].update(target_layer_ids=[True]), "target_layer_ids"),
+    ("string mask_token_id", lambda c: c["dflash_config"].update(mask_token_id="x"), "mask_token_id"),
+    ("float mask_token_id", lambda c: c["dflash_config"].update(mask_token_id=1.5), "mask_token_id"),
+    ("too many layer_types", lambda c: c.update(layer_types=["full_attention"] * 5), "layer_types"),
+    ("too few layer_types", lambda c: c.update(layer_types=["full_attention"]), "layer_types"),
+    ("string block_size", lambda c: c.update(block_size="big"), "block_size"),
+]
+
+
+@pytest.mark.parametrize("change,message", [m[1:] for m in MALFORMED], ids=[m[0] for m in MALFORMED])
+def test_malformed_dflash_configs_are_one_clear_error(tmp_path, dtarget, change, message):
+    folder = write_dflash(tmp_path / "d", dtarget)
+    cfg = json.loads((folder / "config.json").read_text())
+    change(cfg)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadError, match=message):
+        load_dflash(folder, dtarget)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "bad header", "empty"])
+def test_damaged_dflash_weights_are_one_clear_error(tmp_path, dtarget, damage):
+    folder = write_dflash(tmp_path / "d", dtarget)
+    weights = folder / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes({"truncated": data[: len(data) // 2], "bad header": b"\xff" * 8 + b"{x",
+                         "empty": b""}[damage])
+    with pytest.raises(ModelLoadError, match="cannot read DFlash weights"):
+        load_dflash(folder, dtarget)
+
+
+def test_cli_refuses_a_malformed_dflash_drafter_in_one_line(saved, tmp_path):
+    import shutil
+    from cure_cli.main import app
+    tdir, ddir, _ = saved
+    bad = tmp_path / "bad"
+    shutil.copytree(ddir, bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    cfg["dflash_config"]["target_layer_ids"] = "12"
+    (bad / "config.json").write_text(json.dumps(cfg))
+    truncated = tmp_path / "truncated"
+    shutil.copytree(ddir, truncated)
+    data = (truncated / "model.safetensors").read_bytes()
+    (truncated / "model.safetensors").write_bytes(data[:100])
+    for folder, message in ((bad, "target_layer_ids"), (truncated, "cannot read DFlash weights")):
+        r = CliRunner().invoke(app, ["generate", "hi", "--target", str(tdir), "--draft", str(folder), "-n", "4"])
+        assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output, r.output
+        assert len(r.output.strip().splitlines()) == 1
+
+
 def test_cli_generate_with_a_dflash_drafter(saved):
     from cure_cli.main import app
     tdir, ddir, _ = saved

@@ -408,10 +408,147 @@ def test_concurrent_builder_finishing_first_is_kept(site, tmp_path, registry, mo
     def convert(model_, gguf, out_dir, progress):
         final.mkdir()
         (final / "config.json").write_text("theirs")
-        (final / MARKER).write_text(json.dumps({"sha256": model_.sha256}))
+        files = {"config.json": embedded._file_facts(final / "config.json")}
+        (final / MARKER).write_text(json.dumps({"sha256": model_.sha256, "files": files}))
         (out_dir / "config.json").write_text("ours")
         return {}
     monkeypatch.setattr(embedded, "_convert", convert)
     assert ensure_cached(model.alias, cache, progress=False) == final
     assert (final / "config.json").read_text() == "theirs"
     assert [p.name for p in cache.iterdir()] == [model.alias]
+
+
+# --- a cache that proves itself (issue #18) --------------------------------------------------------
+
+WEIGHTS = 16 << 20          # a 16 MiB fake weights file: big enough to sample
+
+
+@pytest.fixture
+def weights_convert(monkeypatch):
+    """A conversion stub writing a weights file of WEIGHTS seeded random bytes."""
+    import random
+    calls = []
+
+    def convert(model, gguf, out_dir, progress):
+        calls.append(1)
+        (out_dir / "config.json").write_text("{}")
+        (out_dir / "model.safetensors").write_bytes(random.Random(0).randbytes(WEIGHTS))
+        return {"dtype": "float16"}
+    monkeypatch.setattr(embedded, "_convert", convert)
+    return calls
+
+
+def built(site, tmp_path, registry, prefix):
+    pkgs = make_part_packages(site, prefix, CHUNKS)
+    model = registry(fake_model(pkgs, PAYLOAD, alias=f"fake-{prefix}"))
+    cache = tmp_path / "cache"
+    return model, cache, ensure_cached(model.alias, cache, progress=False)
+
+
+def test_marker_records_every_file(site, tmp_path, registry, weights_convert):
+    model, cache, out = built(site, tmp_path, registry, "fkrec")
+    files = json.loads((out / MARKER).read_text())["files"]
+    assert set(files) == {"config.json", "model.safetensors"}
+    weights = (out / "model.safetensors").read_bytes()
+    assert files["model.safetensors"]["size"] == WEIGHTS
+    assert files["model.safetensors"]["sha256"] == hashlib.sha256(weights).hexdigest()
+    assert embedded.cache_problem(out, model) is None and embedded.cache_problem(out, model, full=True) is None
+
+
+@pytest.mark.parametrize("damage", ["scattered", "block", "truncated", "missing", "legacy marker"])
+def test_a_damaged_cache_is_reported_in_one_line_and_rebuilt(site, tmp_path, registry, weights_convert,
+                                                             damage):
+    import random
+    model, cache, out = built(site, tmp_path, registry, "fkdmg" + damage[:3])
+    good = (out / "model.safetensors").read_bytes()
+    data = bytearray(good)
+    rng = random.Random(1)
+    if damage == "scattered":               # 0.4% of the bytes overwritten, anywhere
+        for i in rng.sample(range(len(data)), len(data) * 4 // 1000):
+            data[i] ^= 0xFF
+    elif damage == "block":                 # 0.4% in one stretch
+        start = rng.randrange(len(data) - len(data) // 250)
+        data[start:start + len(data) // 250] = bytes(len(data) // 250)
+    elif damage == "truncated":
+        data = data[: len(data) // 2]
+    if damage == "missing":
+        (out / "model.safetensors").unlink()
+    elif damage == "legacy marker":
+        (out / MARKER).write_text(json.dumps({"sha256": model.sha256}))
+    else:
+        (out / "model.safetensors").write_bytes(bytes(data))
+    assert not model_status(model.alias, cache).cached          # `cure models` no longer says yes
+    notes = []
+    assert ensure_cached(model.alias, cache, progress=False, notice=notes.append) == out
+    assert len(notes) == 1 and "\n" not in notes[0] and "rebuilding it from the GGUF parts" in notes[0]
+    assert len(weights_convert) == 2 and (out / "model.safetensors").read_bytes() == good
+    assert model_status(model.alias, cache).cached
+
+
+def test_the_full_check_finds_what_sampling_misses(site, tmp_path, registry, weights_convert):
+    model, cache, out = built(site, tmp_path, registry, "fkfull")
+    data = bytearray((out / "model.safetensors").read_bytes())
+    data[5000] ^= 0xFF                       # one byte, between two sampled windows
+    (out / "model.safetensors").write_bytes(bytes(data))
+    assert embedded.cache_problem(out, model) is None            # the cheap check cannot see it
+    assert "sha256" in embedded.cache_problem(out, model, full=True)
+    notes = []
+    ensure_cached(model.alias, cache, progress=False, full_check=True, notice=notes.append)
+    assert len(notes) == 1 and len(weights_convert) == 2
+    assert embedded.cache_problem(out, model, full=True) is None
+
+
+def test_cure_models_verify(site, tmp_path, registry, weights_convert, monkeypatch):
+    from typer.testing import CliRunner
+    from cure_cli.main import app
+    monkeypatch.setenv("CURE_CACHE", str(tmp_path / "cache"))
+    model, cache, out = built(site, tmp_path, registry, "fkcli")
+    r = CliRunner().invoke(app, ["models", "--verify"])
+    assert r.exit_code == 0 and f"{model.alias}: verified" in r.stderr, r.output
+    data = bytearray((out / "model.safetensors").read_bytes())
+    data[5000] ^= 0xFF
+    (out / "model.safetensors").write_bytes(bytes(data))
+    r = CliRunner().invoke(app, ["models", "--verify"])
+    assert r.exit_code == 0 and f"{model.alias}: rebuilt" in r.stderr and "sha256" in r.stderr, r.output
+    assert "Traceback" not in r.output and len(weights_convert) == 2
+
+
+def _partial(cache: Path, alias: str, lock: bool = True, tag: str = "99999.abc") -> Path:
+    folder = cache / f".{alias}.{tag}.partial"
+    folder.mkdir(parents=True)
+    (folder / f"{alias}.gguf").write_bytes(b"half a gguf")
+    if lock:
+        Path(str(folder) + ".lock").touch()
+    return folder
+
+
+def test_a_killed_builds_partial_is_removed_on_the_next_run(site, tmp_path, registry, stub_convert):
+    pkgs = make_part_packages(site, "fkpart", CHUNKS)
+    model = registry(fake_model(pkgs, PAYLOAD))
+    cache = tmp_path / "cache"
+    dead = _partial(cache, model.alias)                 # its builder was killed: nobody holds the lock
+    live = _partial(cache, model.alias + "x")           # another alias: never touched
+    legacy = _partial(cache, model.alias, lock=False, tag="old")   # an older cure's, without a lock file
+    ensure_cached(model.alias, cache, progress=False)
+    assert not dead.exists() and not Path(str(dead) + ".lock").exists()
+    assert live.exists() and legacy.exists()            # a young legacy folder may be a live old build
+    os.utime(legacy, (0, 0))
+    (cache / model.alias / MARKER).unlink()
+    ensure_cached(model.alias, cache, progress=False)
+    assert not legacy.exists()
+    assert sorted(p.name for p in cache.iterdir() if p.name.startswith(f".{model.alias}.")) == []
+
+
+def test_a_concurrent_builds_partial_is_left_alone(site, tmp_path, registry, stub_convert):
+    import fcntl
+    pkgs = make_part_packages(site, "fkconc", CHUNKS)
+    model = registry(fake_model(pkgs, PAYLOAD))
+    cache = tmp_path / "cache"
+    busy = _partial(cache, model.alias)
+    with open(str(busy) + ".lock", "a") as held:        # a live builder holds its lock
+        fcntl.flock(held, fcntl.LOCK_EX)
+        ensure_cached(model.alias, cache, progress=False)
+        assert busy.exists()
+    (cache / model.alias / MARKER).unlink()
+    ensure_cached(model.alias, cache, progress=False)   # that builder is gone now
+    assert not busy.exists()

@@ -9,11 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from cure_tasks import sandbox
-from cure_tasks import IOCase
+from cure_tasks import IOCase, isolation
 from cure_tasks.sandbox import check_correctness, check_functional, check_stdio, run_program
-
-HAS_PIDS_CGROUP = sandbox.pids_cgroup_available()
 
 
 def processes_in_group(pgid: int) -> list[int]:
@@ -36,14 +33,14 @@ def processes_in_group(pgid: int) -> list[int]:
 
 
 def sandbox_processes() -> set[int]:
-    """Pids of live processes started by the sandbox (their command line carries _BOOT)."""
+    """Pids of live processes started by the sandbox (their command line runs /cure/child.py)."""
     pids = set()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/cmdline", "rb") as f:
-                if b"_cure_boot" in f.read():
+                if isolation.CHILD_PATH.encode() in f.read():
                     pids.add(int(entry))
         except OSError:
             continue
@@ -86,10 +83,9 @@ def test_fork_bomb_is_stopped_and_leaves_no_process() -> None:
     assert sandbox_processes() - before == set()
 
 
-@pytest.mark.skipif(not HAS_PIDS_CGROUP, reason="no writable pids cgroup (the kernel backstop)")
 def test_fork_bomb_without_audit_hooks_is_contained_by_the_kernel() -> None:
-    # The audit hooks are off: only the pids cgroup (pids.max) and the final group/cgroup kill
-    # stand between this bomb and the host. Children even leave the process group via setsid.
+    # The audit hooks are off: only RLIMIT_NPROC (and as root the pids cgroup) and the end of the
+    # sandbox's PID namespace stand between this bomb and the host. Children even call setsid.
     before = sandbox_processes()
     bomb = (
         "import os, time\n"
@@ -106,8 +102,8 @@ def test_fork_bomb_without_audit_hooks_is_contained_by_the_kernel() -> None:
     assert time.monotonic() - start < 8
     assert processes_in_group(result.pid) == []
     assert sandbox_processes() - before == set()
-    leftover = [d for base in sandbox._pids_cgroup_bases() for d in os.listdir(base)
-                if d.startswith(f"{sandbox._CGROUP_PREFIX}{os.getpid()}-")]
+    leftover = [d for base in isolation.pids_cgroup_bases() for d in os.listdir(base)
+                if d.startswith(f"{isolation._CGROUP_PREFIX}{os.getpid()}-")]
     assert leftover == []
 
 
@@ -150,11 +146,12 @@ def test_write_outside_the_sandbox_dir_is_refused(tmp_path: Path) -> None:
     assert keep.read_text() == "precious"
 
 
-def test_sandbox_dir_is_removed_afterwards() -> None:
-    result = run_program("import os\nprint(os.getcwd())")
-    workdir = result.stdout_tail.strip()
-    assert "cure-sandbox-" in workdir
-    assert not os.path.exists(workdir)
+def test_sandbox_dir_is_private_and_in_memory() -> None:
+    program = "import os\nopen('scratch.txt', 'w').write('x')\nprint(os.getcwd(), os.listdir('.'))"
+    result = run_program(program)
+    assert result.passed, result.stderr_tail
+    assert result.stdout_tail.split()[0] == "/sandbox"          # a tmpfs inside the sandbox
+    assert not os.path.exists("/sandbox/scratch.txt")          # nothing of it on the host
 
 
 def test_network_connect_is_refused() -> None:
@@ -248,9 +245,7 @@ def test_check_stdio_and_functional() -> None:
     assert result.status == "failed" and "case 1/2" in result.stderr_tail
 
 
-def test_nproc_rlimit_is_offset_for_non_root(monkeypatch) -> None:
-    monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    ((name, soft, hard),) = sandbox._nproc_rlimit(8)
-    assert name == "RLIMIT_NPROC" and soft == hard and soft >= 8 + 1  # this process counts too
-    monkeypatch.setattr(os, "geteuid", lambda: 0)
-    assert sandbox._nproc_rlimit(8) == []
+def test_nproc_rlimit_is_offset_by_what_the_uid_already_runs() -> None:
+    limits = isolation.Limits(timeout_s=1, cpu_s=1, memory_mb=64, fsize_mb=1, nproc=8)
+    (nproc,) = [a for a in isolation._prlimit(limits, os.getuid()) if a.startswith("--nproc=")]
+    assert int(nproc.split("=")[1]) >= 8 + 1     # this process counts too

@@ -142,6 +142,27 @@ def test_resume_continues_exactly(setup, tmp_path):
     assert [round(h["loss"], 4) for h in ha] == [round(h["loss"], 4) for h in hb]
 
 
+@pytest.mark.parametrize("flag,value", [("--steps", "0"), ("--batch", "0"), ("--anchors", "0"), ("--layers", "0"),
+                                        ("--lr", "nan"), ("--gamma", "inf"), ("--seq-len", "3")])
+def test_bad_training_numbers_are_one_clear_line(setup, tmp_path, flag, value):
+    r = CliRunner().invoke(app, ["train-drafter", "--target", str(setup / "target"), "--out", str(tmp_path / "o"),
+                                 "--block-size", "6", flag, value])
+    assert r.exit_code == 2 and flag in r.output and "Traceback" not in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()                         # refused before any work
+
+
+def test_resume_without_a_checkpoint_is_refused(setup, tmp_path):
+    r = CliRunner().invoke(app, ["train-drafter", "--target", str(setup / "target"), "--out", str(tmp_path / "o"),
+                                 "--resume"])
+    assert r.exit_code == 2 and "no checkpoint" in r.output and "Traceback" not in r.output, r.output
+    (tmp_path / "o" / "checkpoint").mkdir(parents=True)
+    (tmp_path / "o" / "checkpoint" / "state.pt").write_bytes(b"not a checkpoint")
+    r = CliRunner().invoke(app, ["train-drafter", "--target", str(setup / "target"), "--out", str(tmp_path / "o"),
+                                 "--resume"])
+    assert r.exit_code == 2 and "not a readable checkpoint" in r.output and "Traceback" not in r.output, r.output
+
+
 def test_corpus_helpers(tmp_path):
     files = C.stdlib_files()
     assert files and files == sorted(files) and all(f.suffix == ".py" for f in files)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 
+from cure_core import records
 from cure_core.block import Block
 from cure_core.config import DecodeConfig
 from cure_core.errors import CureError
@@ -102,10 +103,22 @@ class PairResult:
 
     @staticmethod
     def from_json(d: dict) -> "PairResult":
-        return PairResult(prompt_index=int(d["prompt_index"]), task_id=str(d["task_id"]), run=str(d["run"]),
-                          strategy=str(d["strategy"]), prompt_ids=list(d["prompt_ids"]),
-                          token_ids=list(d["token_ids"]), completion=str(d["completion"]),
-                          blocks=[Block.from_dict(b) for b in d["blocks"]], score=d.get("score"))
+        """A pair read back from progress.jsonl, every field checked by type and range (RecordError)."""
+        get = lambda key: records.field(d, key, "pair")  # noqa: E731
+        score = d.get("score")
+        if score is not None:
+            score = records.mapping(score, "score")
+            records.text(records.field(score, "metric", "score"), "score metric")
+            if type(records.field(score, "passed", "score")) is not bool:
+                raise records.RecordError("score passed must be true or false")
+        return PairResult(prompt_index=records.integer(get("prompt_index"), "prompt_index"),
+                          task_id=records.text(get("task_id"), "task_id"), run=records.text(get("run"), "run"),
+                          strategy=records.text(get("strategy"), "strategy"),
+                          prompt_ids=list(records.token_ids(get("prompt_ids"), "prompt_ids")),
+                          token_ids=list(records.token_ids(get("token_ids"), "token_ids")),
+                          completion=records.text(get("completion"), "completion"),
+                          blocks=[records.block_from_record(b) for b in records.listing(get("blocks"), "blocks")],
+                          score=score)
 
 
 def interleave(prompts: Sequence[BenchPrompt], runs: Sequence[RunSpec],
@@ -190,37 +203,57 @@ class ProgressLog:
             self._write({"type": "header", "fingerprint": fingerprint})
 
     def _load(self, fingerprint: dict) -> None:
-        lines = self.path.read_text(encoding="utf-8").splitlines()
-        if not lines:
-            raise BenchError(f"{self.path} is empty: cannot resume")
+        """Check the header against ``fingerprint`` and load the finished pairs.
+
+        Rule: every line is checked by type and range (records.py); a bad line is one BenchError, except a
+        bad *last* line, which is a torn write: it is dropped (atomically) and that pair simply reruns.
+        """
+        header, torn = None, False
         try:
-            header = json.loads(lines[0])
-        except json.JSONDecodeError:
-            raise BenchError(f"{self.path}: corrupt header line: cannot resume") from None
-        old = header.get("fingerprint") or {}
+            for no, obj in records.json_lines(self.path, "progress"):
+                if header is None:
+                    header = self._check_header(obj, fingerprint)
+                elif obj.get("type") == "pair":
+                    try:
+                        self.pairs.append(PairResult.from_json(obj))
+                    except records.RecordError as e:
+                        raise records.RecordError(f"{self.path}:{no}: corrupt progress line ({e})", no) from None
+        except records.RecordError as e:
+            if not (e.last and header is not None):
+                raise BenchError(f"{e}: cannot resume") from None
+            torn = True
+        if header is None:
+            raise BenchError(f"{self.path} is empty: cannot resume")
+        if torn:
+            self._drop_torn_tail()
+
+    def _check_header(self, obj: dict, fingerprint: dict) -> dict:
+        if obj.get("type") != "header":
+            raise BenchError(f"{self.path}: corrupt header line: cannot resume")
+        try:
+            old = records.mapping(obj.get("fingerprint"), "fingerprint", optional=True)
+            old_runs = records.mapping(old.get("runs"), "fingerprint runs", optional=True)
+        except records.RecordError as e:
+            raise BenchError(f"{self.path}: corrupt header line ({e}): cannot resume") from None
         if _comparable(old) != _comparable(fingerprint):
             diff = sorted(k for k in set(_comparable(old)) | set(_comparable(fingerprint))
                           if old.get(k) != fingerprint.get(k))
             raise BenchError(f"cannot resume {self.path.parent}: it was run with different settings "
                              f"({', '.join(diff)}); use the same flags or a new --output-dir")
-        old_runs, new_runs = old.get("runs") or {}, fingerprint.get("runs") or {}
+        new_runs = fingerprint.get("runs") or {}
         changed = [n for n in new_runs if n in old_runs and old_runs[n] != new_runs[n]]
         if changed:
             raise BenchError(f"cannot resume {self.path.parent}: run(s) {', '.join(changed)} had a different "
                              f"decoding config; use the same engine flags or a new --output-dir")
-        valid = 1
-        for no, line in enumerate(lines[1:], start=2):
-            try:
-                obj = json.loads(line)
-                if obj.get("type") == "pair":
-                    self.pairs.append(PairResult.from_json(obj))
-                valid = no
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-                if no == len(lines):
-                    break                 # a torn last line: that pair simply reruns
-                raise BenchError(f"{self.path}:{no}: corrupt progress line: cannot resume") from None
-        if valid < len(lines):            # drop the torn tail so appends start on a fresh line
-            self.path.write_text("\n".join(lines[:valid]) + "\n", encoding="utf-8")
+        return obj
+
+    def _drop_torn_tail(self) -> None:
+        """Cut the file after its last complete line (atomically), so appends start on a fresh line."""
+        data = self.path.read_bytes()
+        body = data[:-1] if data.endswith(b"\n") else data
+        tmp = self.path.with_name(f".{self.path.name}.part")
+        tmp.write_bytes(data[: body.rfind(b"\n") + 1])
+        os.replace(tmp, self.path)
 
     def _write(self, obj: dict) -> None:
         self._f.write(json.dumps(obj, separators=(",", ":")) + "\n")

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from cure_tasks import REFUSAL, grade, needs_exec  # noqa: F401 - re-exported for bench_cmd
+from cure_tasks.isolation import require_isolation
 
 
 class Scorer:
@@ -15,6 +16,8 @@ class Scorer:
     produce the same text under every strategy, so this saves most sandbox runs)."""
 
     def __init__(self, allow_code_exec: bool, timeout_s: float = 10.0):
+        if allow_code_exec:
+            require_isolation()     # Rule: no code runs without OS isolation (one line saying what is missing)
         self.allow = allow_code_exec
         self.timeout_s = timeout_s
         self._cache: dict[tuple[str, str], dict | None] = {}

@@ -375,22 +375,71 @@ def read_config(path: str | Path) -> dict:
         return json.loads(f.read_text())
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"cannot read DFlash config {f}: {e}") from None
+    except RecursionError:
+        raise ModelLoadError(f"cannot read DFlash config {f}: JSON nested too deeply") from None
 
 
 def _load_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
     index = path / "model.safetensors.index.json"
     if index.exists():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            files = sorted({str(v) for v in weight_map.values()})
+        except (OSError, ValueError, RecursionError, KeyError, TypeError, AttributeError) as e:
+            raise ModelLoadError(f"cannot read DFlash weight index {index}: {type(e).__name__}: {e}") from None
     elif (path / "model.safetensors").exists():
         files = ["model.safetensors"]
     else:
         raise ModelLoadError(f"no model.safetensors in {path}")
     state: dict[str, torch.Tensor] = {}
     for name in files:
-        state.update(load_file(str(path / name)))
+        try:
+            state.update(load_file(str(path / name)))
+        except (SafetensorError, OSError, ValueError) as e:   # truncated file, bad header, missing shard
+            raise ModelLoadError(f"cannot read DFlash weights {path / name}: {e}") from None
     # Some exports prefix the drafter's own weights with "model."; the published one does not.
     return {(k[len("model."):] if k.startswith("model.") else k): v for k, v in state.items()}
+
+
+def _check_config(raw: dict) -> None:
+    """Types and ranges of the DFlash fields load_dflash reads, each failure one ModelLoadError.
+
+    Rule: counts and ids are JSON integers (never bools, strings or floats: "01" must not become [0, 1]),
+    target_layer_ids a non-empty list of them, layer_types one entry per draft layer.
+    """
+    def integer(name: str, value, lo: int) -> None:
+        if type(value) is not int or value < lo:
+            raise ModelLoadError(f"DFlash {name} must be an integer >= {lo}, got {value!r}"[:200])
+
+    def number(name: str, value) -> None:
+        if type(value) not in (int, float):
+            raise ModelLoadError(f"DFlash {name} must be a number, got {value!r}"[:200])
+
+    n_layers = raw.get("num_hidden_layers")
+    integer("num_hidden_layers", n_layers, 1)
+    layer_types = raw.get("layer_types")
+    if layer_types is not None and (type(layer_types) is not list or len(layer_types) != n_layers
+                                    or not all(type(t) is str for t in layer_types)):
+        raise ModelLoadError(f"DFlash layer_types must list one attention type per draft layer "
+                             f"({n_layers}), got {layer_types!r}"[:200])
+    ids = _cfg_get(raw, "target_layer_ids")
+    if ids is not None:
+        if type(ids) is not list or not ids:
+            raise ModelLoadError(f"DFlash target_layer_ids must be a non-empty list of layer numbers, "
+                                 f"got {ids!r}"[:200])
+        for i in ids:
+            integer("target_layer_ids entry", i, 0)
+    mask_id = _cfg_get(raw, "mask_token_id")
+    if mask_id is not None:
+        integer("mask_token_id", mask_id, 0)
+    for name, lo in (("block_size", 2), ("num_target_layers", 1), ("target_hidden_size", 1)):
+        if _cfg_get(raw, name) is not None:
+            integer(name, _cfg_get(raw, name), lo)
+    for name in ("input_embedding_scale", "output_multiplier", "final_logit_softcapping"):
+        if _cfg_get(raw, name) is not None:
+            number(name, _cfg_get(raw, name))
 
 
 def load_dflash_model(path: str | Path, target_model: nn.Module) -> tuple[DFlashModel, torch.Tensor | None]:
@@ -401,7 +450,12 @@ def load_dflash_model(path: str | Path, target_model: nn.Module) -> tuple[DFlash
     raw = read_config(path)
     if not is_dflash_config(raw):
         raise ModelLoadError(f"{path} is not a DFlash checkpoint (no DFlash architecture, no dflash_config)")
-    config = Qwen3Config.from_dict(raw)
+    _check_config(raw)
+    try:
+        config = Qwen3Config.from_dict(raw)
+    except Exception as e:  # noqa: BLE001 - transformers validates with several exception types
+        reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        raise ModelLoadError(f"{path}: the DFlash config is not a valid Qwen3 config ({reason.strip()})") from None
     layer_types = getattr(config, "layer_types", None) or []
     if any(t != "full_attention" for t in layer_types) or _cfg_get(raw, "causal"):
         raise ModelLoadError("this DFlash checkpoint uses sliding-window or causal draft layers, which are not "
@@ -411,11 +465,11 @@ def load_dflash_model(path: str | Path, target_model: nn.Module) -> tuple[DFlash
     ids = _cfg_get(raw, "target_layer_ids")
     if ids is None:
         ids = default_target_layer_ids(int(_cfg_get(raw, "num_target_layers", n_target)), config.num_hidden_layers)
-    ids = [int(i) for i in ids]
+    ids = list(ids)
     mask_id = _cfg_get(raw, "mask_token_id")
     if mask_id is None:
         raise ModelLoadError("the DFlash config names no mask_token_id (dflash_config.mask_token_id)")
-    if max(ids) >= n_target or min(ids) < 0:
+    if max(ids) >= n_target:
         raise ModelLoadError(f"DFlash target_layer_ids {ids} do not fit the target's {n_target} decoder layers")
     th = int(_cfg_get(raw, "target_hidden_size", tcfg.hidden_size))
     if th != tcfg.hidden_size:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -13,7 +14,7 @@ from ..cpu_kernels import pack_linears, unavailable_reason
 from ..errors import CureError
 from .io import atomic_write_json
 from .prepare import DataSpec, default_layer_ids, prepare_features
-from .trainer import TrainSpec, draft_vocab_ids, frequent_labels, train
+from .trainer import CKPT, TrainSpec, draft_vocab_ids, frequent_labels, load_checkpoint, train
 
 KINDS = ("dflash", "pard")
 MASK_CANDIDATES = ("<|mask|>", "<|fim_pad|>", "<|fim_middle|>")
@@ -74,8 +75,37 @@ def _eval_prompts(opts: RunOptions, tokenizer, held) -> list[list[int]]:
     return prompts
 
 
+def check_options(opts: RunOptions) -> None:
+    """Every count and rate in range before anything loads (TrainError, one line each).
+
+    Rule: --resume continues a checkpoint and never silently starts over; without one it is refused.
+    """
+    spec, data = opts.train, opts.data
+    counts = (("--steps", spec.steps, 1), ("--batch", spec.batch, 1), ("--anchors", spec.anchors, 1),
+              ("--layers", spec.layers, 1), ("--seq-len", data.seq_len, spec.block_size + 1),
+              ("--checkpoint-every", spec.checkpoint_every, 0), ("--loss-vocab", spec.loss_vocab, 0),
+              ("--draft-vocab", spec.draft_vocab, 0), ("--eval-prompts", opts.eval_prompts, 0),
+              ("--eval-new-tokens", opts.eval_new_tokens, 1), ("--distill-prompts", data.distill_prompts, 1),
+              ("--distill-tokens", data.distill_tokens, 1))
+    for flag, value, lo in counts:
+        if value < lo:
+            raise TrainError(f"{flag} must be at least {lo}, got {value}")
+    if data.max_tokens is not None and data.max_tokens < 0:
+        raise TrainError(f"--max-tokens must be >= 0 (0 = all), got {data.max_tokens}")
+    for flag, value in (("--lr", spec.lr), ("--gamma", spec.gamma)):
+        if not math.isfinite(value) or value < 0 or (flag == "--lr" and value == 0):
+            raise TrainError(f"{flag} must be a finite number {'> 0' if flag == '--lr' else '>= 0'}, got {value}")
+    if spec.max_minutes is not None and not (math.isfinite(spec.max_minutes) and spec.max_minutes > 0):
+        raise TrainError(f"--max-minutes must be a finite number > 0, got {spec.max_minutes}")
+    ckpt = Path(opts.out) / CKPT
+    if opts.resume and not ckpt.is_file():
+        raise TrainError(f"--resume: there is no checkpoint at {ckpt} to continue; "
+                         f"run without --resume to start a new training")
+
+
 def run(opts: RunOptions, progress_factory: Callable, log: Callable = print) -> dict:
     spec, data = opts.train, opts.data
+    check_options(opts)
     if spec.kind not in KINDS:
         raise TrainError(f"unknown drafter kind {spec.kind!r}; choose dflash or pard")
     if spec.block_size < 3:
@@ -152,8 +182,8 @@ def run(opts: RunOptions, progress_factory: Callable, log: Callable = print) -> 
     def on_step(step, loss, acc):
         bar(1, loss=loss, acc=acc)
 
-    if opts.resume and (out / "checkpoint/state.pt").exists():
-        st = torch.load(out / "checkpoint/state.pt", map_location="cpu", weights_only=False)
+    if opts.resume:
+        st = load_checkpoint(out / CKPT)
         bar(int(st["step"]), loss=st["history"][-1]["loss"] if st["history"] else float("nan"), acc=[0, 0])
     summary = train(model, step_fn, fs, spec, out, resume=opts.resume, on_step=on_step, log=log)
 

@@ -14,6 +14,7 @@ from typing import Callable
 
 import torch
 
+from ..errors import CureError
 from .features import FeatureSet
 from .io import atomic_torch_save
 
@@ -39,6 +40,32 @@ class TrainSpec:
     checkpoint_every: int = 100
     max_minutes: float | None = None
     grad_clip: float = 1.0
+
+
+class CheckpointError(CureError, ValueError):
+    """A training checkpoint that cannot be resumed."""
+
+
+def load_checkpoint(path: Path) -> dict:
+    """A checkpoint written by train(), checked before use.
+
+    Rule: loaded with weights_only=True (tensors and plain containers only: a crafted file cannot run
+    code), and its fields have the types train() relies on.
+    """
+    if not Path(path).is_file():
+        raise CheckpointError(f"--resume: there is no checkpoint at {path} to continue; "
+                              f"run without --resume to start a new training")
+    try:
+        st = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - torch raises many kinds for a damaged or foreign file
+        raise CheckpointError(f"cannot resume from {path}: not a readable checkpoint "
+                              f"({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''})") from None
+    if (not isinstance(st, dict) or type(st.get("step")) is not int or st["step"] < 0
+            or not isinstance(st.get("model"), dict) or not isinstance(st.get("optim"), dict)
+            or not isinstance(st.get("history"), list)
+            or not all(isinstance(h, dict) and isinstance(h.get("loss"), float) for h in st["history"])):
+        raise CheckpointError(f"cannot resume from {path}: not a cure training checkpoint")
+    return st
 
 
 def lr_at(spec: TrainSpec, step: int) -> float:
@@ -88,14 +115,16 @@ def train(model: torch.nn.Module, step_fn: Callable, fs: FeatureSet, spec: Train
     opt = torch.optim.AdamW(params, lr=spec.lr, weight_decay=spec.weight_decay, betas=(0.9, 0.95))
     step, history = 0, []
     ck = out / CKPT
-    if resume and ck.exists():
-        st = torch.load(ck, map_location="cpu", weights_only=False)
-        model.load_state_dict(st["model"])
-        opt.load_state_dict(st["optim"])
-        step, history = int(st["step"]), list(st["history"])
+    if resume:                      # Rule: --resume continues a checkpoint or fails; it never starts over
+        st = load_checkpoint(ck)
+        try:
+            model.load_state_dict(st["model"])
+            opt.load_state_dict(st["optim"])
+        except (RuntimeError, ValueError, KeyError) as e:
+            raise CheckpointError(f"cannot resume from {ck}: it does not fit this drafter (other --kind, "
+                                  f"--layers or target?): {str(e).splitlines()[0][:200]}") from None
+        step, history = st["step"], list(st["history"])
         log(f"resumed from {ck} at step {step}")
-    elif resume:
-        log(f"no checkpoint at {ck}: starting from step 0")
 
     def save():
         atomic_torch_save(ck, {"step": step, "model": model.state_dict(), "optim": opt.state_dict(),
