@@ -1,5 +1,6 @@
 """`cure generate` end to end on tiny saved checkpoints, and its bad-input errors."""
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -54,7 +55,7 @@ def test_streams_text_then_stats_line(tiny_dirs):
     (["--draft-vocab", "lots"], "--draft-vocab"),
     (["--temperature", "nan"], "temperature must be a finite number"),
     (["--temperature", "inf"], "temperature must be a finite number"),
-    (["--tau-margin", "nan"], "tau_margin must be a finite number"),
+    (["--tau-margin", "nan"], "--tau-margin must be a finite number"),
 ])
 def test_bad_input_is_one_clear_line(tiny_dirs, args, expect):
     t, d = tiny_dirs
@@ -130,3 +131,38 @@ def test_draft_vocab_auto_is_a_cpu_default():
     assert resolve_draft_vocab("auto", "cpu") == CPU_DRAFT_VOCAB
     assert resolve_draft_vocab("auto", "cuda") == 0 == resolve_draft_vocab("auto", "cpu", device_map="auto")
     assert resolve_draft_vocab("4096", "cuda") == 4096 and resolve_draft_vocab("0", "cpu") == 0
+
+
+def test_a_trace_path_that_cannot_be_written_fails_before_loading(tiny_dirs, tmp_path):
+    t, d = tiny_dirs
+    r = gen("hello", "--target", t, "--draft", d, "--trace", tmp_path)                  # a directory
+    assert r.exit_code == 2 and "is a directory" in r.stderr and "Traceback" not in r.stderr
+    r = gen("hello", "--target", t, "--draft", d, "--trace", tmp_path / "nope" / "t.jsonl")
+    assert r.exit_code == 2 and "does not exist" in r.stderr
+
+
+def test_sigterm_keeps_what_was_generated_like_ctrl_c(tiny_dirs, tmp_path):
+    """`kill` during a generation: exit 130, the trace closed as interrupted with the blocks so far, no .part."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from cure_core.trace import read_trace
+    t, d = tiny_dirs
+    trace = tmp_path / "t.jsonl"
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    proc = subprocess.Popen([sys.executable, "-m", "cure_cli.main", "generate", "x = 1", "--target", str(t), "--draft",
+                             str(d), "--raw", "-n", "100000", "--trace", str(trace), "--strategy", "ar"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    deadline = time.time() + 120
+    while time.time() < deadline and not any(tmp_path.glob(".t.jsonl.*.part")):
+        time.sleep(0.2)
+    time.sleep(3)                                                   # some blocks in
+    proc.send_signal(signal.SIGTERM)
+    err = proc.communicate(timeout=60)[1].decode()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    got = read_trace(trace)
+    assert got.footer["status"] == "interrupted" and got.generations[0].blocks
+    assert not list(tmp_path.glob("*.part"))
