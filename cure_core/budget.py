@@ -172,6 +172,7 @@ class BudgetTuner:
         self.blocks = 0
         self.last_choice = self.ceiling
         self.last_prediction: float | None = None
+        self.last_phase = "settled"
 
     def expected_accept(self, v: int) -> float | None:
         vals = []
@@ -218,8 +219,10 @@ class BudgetTuner:
 
     def choose(self) -> int:
         self.blocks += 1
+        self.last_phase = "settled"                        # why this budget: warmup | explore | settled
         if len(self.history) < self.warmup:
             choice = self.warmup_budget                    # warm-up: learn a(V) for every V at once
+            self.last_phase = "warmup"
         else:
             rated = [(r, v) for v in self.candidates if (r := self.rate(v)) is not None]
             choice = max(rated, key=lambda rv: (rv[0], -rv[1]))[1] if rated else self.ceiling
@@ -235,6 +238,7 @@ class BudgetTuner:
                 self.next_explore = self.blocks + self.interval
                 choice = bigger[0]
                 self.probe = (choice, self.expected_accept(choice))
+                self.last_phase = "explore"
         self.last_choice = choice
         self.last_prediction = self.predicted_speedup(choice)
         return choice

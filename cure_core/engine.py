@@ -223,7 +223,7 @@ class Engine:
     def _budget_meta(tuner: BudgetTuner | None, budget: int) -> dict:
         if tuner is None:
             return {}
-        return {"v_max": budget, "predicted_speedup": tuner.last_prediction}
+        return {"v_max": budget, "predicted_speedup": tuner.last_prediction, "tuning": tuner.last_phase}
 
 
 
