@@ -30,6 +30,8 @@ class TreeNode:
 @dataclass(frozen=True)
 class Timings:
     prefill_ms: float = 0.0       # only on the first block of a generation
+    prefill_tokens: int = 0       # first block: prompt tokens the prefill forwarded...
+    reused_tokens: int = 0        # ...and those whose K/V rows a previous generation left (reuse_prefix)
     draft_ms: float = 0.0         # drafter: block proposal and repair re-drafts
     tree_ms: float = 0.0          # UFPs, budget, trie merge, masks (no model compute)
     verify_ms: float = 0.0        # the one target forward over the tree, plus acceptance
