@@ -9,7 +9,7 @@ import typer
 
 from cure_core.options import EngineArgs
 
-from .common import err_console, fail, friendly_errors, quiet_transformers
+from .common import err_console, fail, friendly_errors, quiet_transformers, show_notes
 from .options import engine_options
 
 
@@ -47,8 +47,7 @@ def chat(
         needs_terminal("chat")
         err_console.print(f"[dim]loading {args.target or 'the embedded default pair'}…[/]", highlight=False)
         loaded = open_pair(args, strategies=STRATEGIES)      # every strategy is one key away in the app
-        for note in loaded.notes:
-            err_console.print(f"[yellow]note:[/] {note}", highlight=False)
+        show_notes(loaded)
         cfg = loaded.config
         engine = ModelEngine(loaded)
     cfg = engine.check(cfg)

@@ -40,6 +40,14 @@ def friendly_errors(fn):
     return wrapper
 
 
+def show_notes(loaded) -> None:
+    """What open_pair's defaults changed (notes) and choices that will cost speed (warnings), one line each."""
+    for note in loaded.notes:
+        err_console.print(f"[yellow]note:[/] {note}", highlight=False)
+    for warning in loaded.warnings:
+        err_console.print(f"[bold yellow]warning:[/] {with_flags(warning)}", highlight=False, soft_wrap=True)
+
+
 def quiet_transformers() -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

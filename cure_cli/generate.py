@@ -11,7 +11,7 @@ import typer
 
 from cure_core.options import EngineArgs
 
-from .common import err_console, fail, friendly_errors, quiet_transformers
+from .common import err_console, fail, friendly_errors, quiet_transformers, show_notes
 from .options import engine_options
 
 
@@ -71,13 +71,13 @@ def generate(
     if trace is not None:
         check_trace_path(trace)
     loaded = open_pair(args)
-    for note in loaded.notes:
-        err_console.print(f"[yellow]note:[/] {note}", highlight=False)
+    show_notes(loaded)
     cfg = loaded.config
     ids = loaded.encode(prompt)
     stream = TextStream(loaded.tokenizer)
     blocks = []
-    writer = TraceWriter(trace, models=loaded.pair.names, config=cfg.to_dict()) if trace else None
+    writer = TraceWriter(trace, models=loaded.pair.names, config=cfg.to_dict(),
+                         extra={"thinking": loaded.thinking}) if trace else None
     signal.signal(signal.SIGTERM, _terminate)
     try:
         if writer:

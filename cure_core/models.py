@@ -45,7 +45,9 @@ class LoadedPair:
     config: DecodeConfig = field(default_factory=DecodeConfig)   # what generate() runs unless told otherwise
     draft_vocab: int = 0          # causal drafters' fixed id count (0: the whole vocabulary)
     chat: bool | None = None      # chat template for text prompts; None: when the tokenizer has one
+    thinking: bool | None = None  # the template's enable_thinking; None: its default (cure_core/thinking.py)
     notes: tuple[str, ...] = ()   # what the defaults changed (e.g. a strategy that cannot run here)
+    warnings: tuple[str, ...] = ()   # choices that will cost speed (e.g. thinking against the drafter's training)
     _engine: Engine | None = field(default=None, repr=False)
 
     @property
@@ -60,7 +62,7 @@ class LoadedPair:
         unless `chat` (or the pair's `chat`) says raw."""
         chat = chat if chat is not None else self.chat
         use = chat if chat is not None else bool(getattr(self.tokenizer, "chat_template", None))
-        return encode_prompt(self.tokenizer, prompt, use, history=history)
+        return encode_prompt(self.tokenizer, prompt, use, history=history, thinking=self.thinking)
 
     def config_for(self, **changes) -> DecodeConfig:
         """The default config with some fields changed (e.g. strategy, max_new_tokens)."""
@@ -288,13 +290,17 @@ def apply_kernels(kernels: str, models: list) -> bool:
     return use
 
 
-def encode_prompt(tokenizer, text: str, chat: bool, history: list[dict] | None = None) -> list[int]:
-    """Chat template (with the generation prompt) or raw text -> token ids."""
+def encode_prompt(tokenizer, text: str, chat: bool, history: list[dict] | None = None,
+                  thinking: bool | None = None) -> list[int]:
+    """Chat template (with the generation prompt) or raw text -> token ids. `thinking` (True / False) goes
+    to the template as `enable_thinking` where it has that switch; None keeps the template's default."""
     if chat:
         if not getattr(tokenizer, "chat_template", None):
             raise ModelLoadError("this tokenizer has no chat template; send raw text (`chat`=False)")
+        from .thinking import template_has_switch
         messages = list(history or []) + [{"role": "user", "content": text}]
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        extra = {"enable_thinking": thinking} if thinking is not None and template_has_switch(tokenizer) else {}
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **extra)
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
             ids = ids["input_ids"]
         return list(ids)

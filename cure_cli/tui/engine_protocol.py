@@ -63,14 +63,12 @@ class ModelEngine:
         self._lock = threading.Lock()   # one generation at a time: drafters keep state
 
     def encode(self, messages: Sequence[Message]) -> list[int]:
-        from cure_core.models import encode_prompt
-        tok = self.loaded.tokenizer
         if not messages:
             raise CureError("nothing to answer: the conversation is empty")
-        if self.chat:
-            return encode_prompt(tok, messages[-1]["content"], True, history=list(messages[:-1]))
+        if self.chat:      # the pair's encoding: its chat template, with its thinking choice
+            return self.loaded.encode(messages[-1]["content"], history=list(messages[:-1]), chat=True)
         # No chat template: the raw turns, one after another.
-        return encode_prompt(tok, "".join(m["content"] for m in messages), False)
+        return self.loaded.encode("".join(m["content"] for m in messages), chat=False)
 
     def check(self, cfg: DecodeConfig) -> DecodeConfig:
         self.pair.drafter_for(cfg.strategy)          # ConfigError if the strategy has no drafter
