@@ -29,7 +29,7 @@ from cure_core.options import EngineArgs
 from .bench import report, stats
 from .bench.runner import BenchPrompt, PairResult, ProgressLog, RunSpec, build_runs, interleave, parse_list, run_interleaved, warm_up
 from .bench.scoring import REFUSAL, Scorer, needs_exec, summarize_scores
-from .common import LoggedProgress, err_console, fail, friendly_errors, quiet_transformers
+from .common import LoggedProgress, err_console, fail, friendly_errors, phase_lines, quiet_transformers
 from .options import engine_options, with_flags
 
 WARMUP_TOKENS = 32                              # tokens per warm-up generation
@@ -297,7 +297,8 @@ def bench(
     if paper:
         args = args.with_(cure_tree="paper")
     p = plan(dataset, prompts, data, limit, strategies, ablate, args)
-    m = load(p, args, args.chat)
+    with phase_lines():
+        m = load(p, args, args.chat)
     pair = m.pair.pair
     if output_dir is None:
         output_dir = _latest_run_dir() if resume else Path("runs") / time.strftime("%Y%m%d-%H%M%S")

@@ -9,7 +9,7 @@ import typer
 
 from cure_core.options import EngineArgs
 
-from .common import err_console, fail, friendly_errors, quiet_transformers, show_notes
+from .common import fail, friendly_errors, open_models, quiet_transformers
 from .options import engine_options
 
 
@@ -43,11 +43,8 @@ def chat(
         tok = load_trace_tokenizer(trace.header.get("models") or {}, args.target)
         engine = ReplayEngine(trace, tok, delay=max(0.0, replay_delay))   # AR baseline: an ar run in the trace
     else:
-        from cure_core.api import open_pair
         needs_terminal("chat")
-        err_console.print(f"[dim]loading {args.target or 'the embedded default pair'}…[/]", highlight=False)
-        loaded = open_pair(args, strategies=STRATEGIES)      # every strategy is one key away in the app
-        show_notes(loaded)
+        loaded = open_models(args, strategies=STRATEGIES)    # every strategy is one key away in the app
         cfg = loaded.config
         engine = ModelEngine(loaded)
     cfg = engine.check(cfg)

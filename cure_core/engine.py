@@ -298,7 +298,11 @@ class Engine:
     def _budget_meta(tuner: BudgetTuner | None, budget: int) -> dict:
         if tuner is None:
             return {}
-        return {"v_max": budget, "predicted_speedup": tuner.last_prediction}
+        meta = {"v_max": budget, "predicted_speedup": tuner.last_prediction}
+        if budget == 0:
+            best = tuner.best_tree()            # what budget 0 was chosen over (Block.no_draft_reason)
+            meta["best_tree"] = [best[0], round(best[1], 4)] if best is not None else None
+        return meta
 
 
 

@@ -21,6 +21,7 @@ from .drafters.dflash import DFlashModel, drafter_from_model, is_dflash_config, 
 from .drafters.vocab import lowest_ids
 from .engine import Engine, ModelPair
 from .errors import ModelLoadError
+from .progress import phase
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
@@ -107,15 +108,16 @@ def load_model(name: str, device: str = "cpu", dtype: str = "float32", device_ma
     kwargs = dict(dtype=DTYPES[dtype], local_files_only=True)
     if device_map:
         kwargs["device_map"] = device_map          # accelerate spreads a large target over devices
-    try:
-        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-    except Exception as e:  # noqa: BLE001
-        raise ModelLoadError(f"could not load {name!r}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
-    if not device_map:
+    with phase(f"loading {name} ({dtype}, {device_map or device})"):
         try:
-            model = model.to(device)
-        except (RuntimeError, AssertionError) as e:
-            raise ModelLoadError(f"cannot move {name!r} to device {device!r}: {str(e).splitlines()[0]}") from None
+            model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        except Exception as e:  # noqa: BLE001
+            raise ModelLoadError(f"could not load {name!r}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+        if not device_map:
+            try:
+                model = model.to(device)
+            except (RuntimeError, AssertionError) as e:
+                raise ModelLoadError(f"cannot move {name!r} to device {device!r}: {str(e).splitlines()[0]}") from None
     return model.eval(), path
 
 
@@ -213,7 +215,8 @@ def load_pair(target: str, draft: str | None = None, *, drafter: str = "auto", m
         if drafter not in ("auto", "dflash"):
             raise ModelLoadError(f"{draft!r} is a DFlash drafter, not a causal LM; use `drafter` dflash (or auto)")
         check_tokenizers_match(tok, load_tokenizer(dfolder, required=False), draft)
-        dmodel, dflash_vocab = load_dflash_model(dfolder, tmodel)
+        with phase(f"loading the DFlash drafter {draft}"):
+            dmodel, dflash_vocab = load_dflash_model(dfolder, tmodel)
     elif draft:
         dmodel, dpath = load_model(draft, draft_device, dtype)
         check_tokenizers_match(tok, load_tokenizer(dpath, required=False), draft)
@@ -285,8 +288,10 @@ def apply_kernels(kernels: str, models: list) -> bool:
     except ValueError as e:
         raise ModelLoadError(str(e)) from None
     if use:
-        for m in models:
-            pack_linears(m)
+        with phase("packing the weights for oneDNN (--kernels packed)", total=len(models)) as update:
+            for i, m in enumerate(models):
+                pack_linears(m)
+                update(i + 1)
     return use
 
 

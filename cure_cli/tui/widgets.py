@@ -23,6 +23,8 @@ from textual.widgets import Input, Label, Static
 from cure_core.block import Block
 from cure_core.metrics import summarize
 
+from ..options import with_flags
+
 from .tokens import PieceStream, TokenText
 
 # ---- token origins (Conversation / Text colouring) ----------------------------------------------
@@ -152,8 +154,7 @@ def render_tree(block: Block | None, tokens: TokenText, cell: int = 8) -> Text:
     t.append(" +bonus ")
     t.append(lab(block.bonus, 12), ORIGIN_STYLES["bonus"])
     if not block.nodes:
-        why = "ar drafts nothing" if block.strategy == "ar" else "no room left to draft"
-        t.append(f"\nno draft tree: {why}", Style(dim=True))
+        t.append(f"\nno draft tree: {with_flags(block.no_draft_reason)}", Style(dim=True))
         return t
     if winner is not None:
         won = block.repair_won
@@ -267,7 +268,7 @@ def render_margins(block: Block | None, tau: float, width: int, height: int) -> 
     t = Text(no_wrap=True, overflow="crop")
     if block is None or not block.margins:
         why = ("no block yet" if block is None else "ar: no draft margins" if block.strategy == "ar"
-               else "no draft margins: no room left to draft")
+               else f"no draft margins: {with_flags(block.no_draft_reason or 'none recorded')}")
         t.append(why, Style(dim=True))
         return t
     margins = list(block.margins)
