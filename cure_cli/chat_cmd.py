@@ -31,11 +31,15 @@ def list_chats() -> None:
     if not chats:
         console.print(f"no saved chats in {folder}", highlight=False)
         return
-    table = Table(title=f"Saved chats ({folder}); resume one with `cure chat --resume ID`")
-    for col in ("ID", "updated", "turns", "models", "first prompt"):
-        table.add_column(col, no_wrap=col != "first prompt")
+    table = Table(title=f"Saved chats ({folder}); resume one with `cure chat --resume ID`", expand=True)
+    table.add_column("ID", no_wrap=True, min_width=len(chats[0].id))          # never cut: it is what you type
+    table.add_column("updated", no_wrap=True, min_width=16)
+    table.add_column("turns", justify="right", no_wrap=True)
+    table.add_column("models", ratio=1, overflow="fold")
+    table.add_column("first prompt", ratio=1)
     for c in chats:
-        models = (c.models.get("target") or "?") + (f" ← {c.models['draft']}" if c.models.get("draft") else "")
+        short = {k: Path(v).name if v and Path(v).is_absolute() else v for k, v in c.models.items()}
+        models = (short.get("target") or "?") + (f" ← {short['draft']}" if short.get("draft") else "")
         table.add_row(c.id, c.updated[:16].replace("T", " "), str(len(c.turns)), models, c.title)
     console.print(table)
 

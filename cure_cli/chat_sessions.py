@@ -181,6 +181,13 @@ def _stats_line(strategy: str, st: dict) -> str:
             f"({st['prefill_tokens']} new, {st['reused_tokens']} cached)")
 
 
+def closed_fences(text: str) -> str:
+    """An answer cut at its token limit can end inside a ``` code block: close it, so the next heading of
+    the export is not swallowed by the block."""
+    fences = sum(1 for line in text.splitlines() if line.lstrip().startswith(("```", "~~~")))
+    return text + ("\n```" if fences % 2 else "")
+
+
 def to_markdown(session: ChatSession) -> str:
     """The conversation as Markdown: every turn with its strategy, tau and tok/s, and its comparisons."""
     models = session.models
@@ -192,7 +199,7 @@ def to_markdown(session: ChatSession) -> str:
         mark = " (edited away)" if t.edited else ""
         lines += [f"## Turn {n}{mark}", "", f"*{_stats_line(t.strategy, t.stats)}*"
                   + (f" · {t.status}" if t.status != "done" else ""), "", "**You:**", "", t.prompt, "",
-                  "**cure:**", "", t.answer or "*(no answer)*", ""]
+                  "**cure:**", "", closed_fences(t.answer) or "*(no answer)*", ""]
         if t.error:
             lines += [f"> error: {t.error}", ""]
         for c in t.compare:

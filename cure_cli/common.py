@@ -63,13 +63,14 @@ class PhaseLines:
 
     def start(self, name: str, total: float | None, unit: str) -> object:
         from rich.progress import BarColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
-        self.console.print(f"[dim]{name}…[/]", highlight=False, soft_wrap=True)
+        self.console.print(f"{name}…", highlight=False, soft_wrap=True, markup=False)
         if self.bar is None:
             self.bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), _Count(),
                                 TimeElapsedColumn(), console=self.console, transient=True)
             self.bar.start()
         self.open += 1
-        return self.bar.add_task(name.split(":")[0], total=total, unit=unit)
+        short = name.split(":")[0].split(" (")[0]          # the bar's label: the phase without its details
+        return self.bar.add_task(short, total=total, unit=unit)
 
     def update(self, handle, done: float, total: float | None) -> None:
         if self.bar is not None:

@@ -286,6 +286,32 @@ def _hf_progress_bars(enabled: bool) -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
+@contextlib.contextmanager
+def _tensor_progress(update) -> Iterator[None]:
+    """transformers de-quantizes a GGUF's tensors in a tqdm loop of its own (modeling_gguf_pytorch_utils,
+    whatever its progress-bar switch says): count them into the converting phase instead of a second bar
+    fighting the first. Nothing changes if that module or its `tqdm` name is not there."""
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:
+        gguf_utils = None
+    original = getattr(gguf_utils, "tqdm", None)
+    if original is None:
+        yield
+        return
+
+    def counted(iterable, *args, **kwargs):
+        items = list(iterable)
+        for i, item in enumerate(items):
+            yield item
+            update(i + 1, len(items))
+    gguf_utils.tqdm = counted
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = original
+
+
 def _convert(model: EmbeddedModel, gguf: Path, out_dir: Path, progress: bool) -> dict:
     """Dequantize `gguf` with transformers and save an fp16 HF folder into `out_dir`.
 
@@ -296,7 +322,8 @@ def _convert(model: EmbeddedModel, gguf: Path, out_dir: Path, progress: bool) ->
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, GgufConfig
 
-    with _hf_progress_bars(progress), phase(f"converting {model.alias}: dequantizing the GGUF to fp16"):
+    with (_hf_progress_bars(progress), phase(f"converting {model.alias}: dequantizing the GGUF to fp16") as update,
+          _tensor_progress(update)):
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         # dequantize=True: always unpack into plain dense weights. Without it, transformers keeps
         # the blocks packed (GgufLinear, not serializable) for architectures it has kernels for

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CONFIG_KEYS = ("enable_thinking", "thinking")     # looked up in dflash_config first, then at the top level
+CARD_FILES = ("README.md", "MODEL_CARD.md")
 _CARD_SWITCH = re.compile(r"enable_thinking\W{0,3}\s*[=:]\s*[\"']?(true|false)\b", re.IGNORECASE)
 _CARD_OFF = re.compile(r"\bnon-thinking\b|\bwithout thinking\b|\bthinking (?:mode )?(?:disabled|off)\b", re.IGNORECASE)
 _CARD_ON = re.compile(r"\b(?:trained|distilled) (?:on|with) thinking\b|\bthinking (?:mode )?enabled\b", re.IGNORECASE)
@@ -66,15 +67,17 @@ def declared_in_card(text: str | None) -> Declared | None:
 
 
 def declared_thinking(folder: str | Path | None, config: dict | None) -> Declared | None:
-    """What a drafter checkpoint declares: its config, else the README.md model card in its folder."""
+    """What a drafter checkpoint declares: its config, else the model card in its folder (README.md on the
+    Hub; MODEL_CARD.md for the drafters shipped under assets/)."""
     found = declared_in_config(config)
     if found is not None or folder is None:
         return found
-    card = Path(folder) / "README.md"
-    try:
-        return declared_in_card(card.read_text(encoding="utf-8", errors="replace"))
-    except OSError:
-        return None
+    for name in CARD_FILES:
+        try:
+            return declared_in_card((Path(folder) / name).read_text(encoding="utf-8", errors="replace"))
+        except OSError:
+            continue
+    return None
 
 
 def choose_thinking(requested: bool | None, drafter_kind: str | None, declared: Declared | None,

@@ -197,7 +197,9 @@ async def test_a_chat_is_saved_as_it_goes_resumed_and_exported(tiny_engine, tmp_
         await pilot.pause()
         assert [t.prompt for t in app.turns] == ["first question", "second question"]
         assert [t.view.markdown.source for t in app.turns] == shown and len(app.turns[1].blocks) > 0
+        view = app.turns[1].view
         assert "identical outputs" in plain(app.turns[1].comparisons[0].view)
+        assert list(view.children) == [view.markdown, view.answer, view.note, app.turns[1].comparisons[0].view]
         assert app.messages == history
         assert f"resumed chat {session_id}" in plain(app.query_one("#welcome", Static))
         await ask(pilot, app, "third question")

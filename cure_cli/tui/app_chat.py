@@ -328,7 +328,7 @@ class ChatApp(App):
     def on_blocks_ready(self, message: BlocksReady) -> None:
         self._drain()
 
-    def on_turn_finished(self, message: TurnFinished) -> None:
+    async def on_turn_finished(self, message: TurnFinished) -> None:
         self._drain()
         turn = self.turns[message.turn]
         turn.status = message.reason
@@ -341,12 +341,16 @@ class ChatApp(App):
         self._render_turn(turn)
         self._md_dirty.discard(message.turn)
         turn.md_source = turn.answer.text
-        turn.view.markdown.update(turn.md_source)          # the whole answer, parsed once more
+        log = self.query_one("#log", VerticalScroll)
+        at_end = log.scroll_y >= log.max_scroll_y - 1
         self.generating = False
         self._stop.clear()
         self.refresh_bindings()
         self._refresh_panels()
         self._save_session()
+        await turn.view.markdown.update(turn.md_source)    # the whole answer, parsed once more
+        if at_end:
+            self.call_after_refresh(log.scroll_end, animate=False)
 
     def on_compare_progress(self, message: CompareProgress) -> None:
         comp = self.turns[message.turn].comparisons[-1]
@@ -384,19 +388,25 @@ class ChatApp(App):
             log.scroll_end(animate=False)
         self._refresh_panels()
 
-    def _flush_markdown(self) -> None:
+    async def _flush_markdown(self) -> None:
         """Throttled Markdown: the text that arrived since the last refresh is appended (Textual re-parses
         only the last block); on_turn_finished renders the whole answer again."""
+        if not self._md_dirty:
+            return
+        log = self.query_one("#log", VerticalScroll)
+        at_end = log.scroll_y >= log.max_scroll_y - 1
         for turn_no in sorted(self._md_dirty):
             turn = self.turns[turn_no]
             text = turn.answer.text
-            if text.startswith(turn.md_source):
-                if len(text) > len(turn.md_source):
-                    turn.view.markdown.append(text[len(turn.md_source):])
+            done, turn.md_source = turn.md_source, text
+            if text.startswith(done):
+                if len(text) > len(done):
+                    await turn.view.markdown.append(text[len(done):])
             else:
-                turn.view.markdown.update(text)
-            turn.md_source = text
+                await turn.view.markdown.update(text)
         self._md_dirty.clear()
+        if at_end:                       # the Markdown grew: follow it, once laid out
+            self.call_after_refresh(log.scroll_end, animate=False)
 
     # ---- drawing ----
     def _render_turn(self, turn: Turn) -> None:
@@ -515,8 +525,11 @@ class ChatApp(App):
                 answer.add_block(block, len(self.session))
                 self.session.append((turn_no, block))
             answer.finish()
+            comparisons = [Comparison(c["strategy"], cfg.with_(strategy=c["strategy"]), CompareView(), status="done",
+                                      saved_stats=c.get("stats") or {}, saved_identical=c.get("identical"))
+                           for c in rec.compare]
             view = TurnView(self.show_origins, markdown=answer.text if gen is not None else rec.answer,
-                            classes="edited" if rec.edited else None)
+                            compared=tuple(c.view for c in comparisons), classes="edited" if rec.edited else None)
             log.mount(Static(Text("› " + rec.prompt), classes="user"))
             log.mount(view)
             turn = Turn(prompt=rec.prompt, cfg=cfg, answer=answer, view=view, messages=[], history_len=0,
@@ -526,12 +539,9 @@ class ChatApp(App):
                         md_source=view.markdown.source)
             self.turns.append(turn)
             self._render_turn(turn)
-            for c in rec.compare:
-                comp = Comparison(c["strategy"], cfg.with_(strategy=c["strategy"]), CompareView(),
-                                  status="done", saved_stats=c.get("stats") or {}, saved_identical=c.get("identical"))
+            for comp in comparisons:
                 comp.view.border_title = f"compare: {cfg.strategy} vs {comp.strategy}"
                 turn.comparisons.append(comp)
-                view.mount(comp.view)
                 self._render_comparison(turn, comp)
         self.messages = list(record.messages)
         log.scroll_end(animate=False)

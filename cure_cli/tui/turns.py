@@ -41,17 +41,20 @@ class TurnView(Vertical):
     TurnView > CompareView { margin: 1 0 0 0; height: auto; border: round $primary-darken-2; padding: 0 1; }
     """
 
-    def __init__(self, origins: bool, markdown: str = "", **kwargs):
+    def __init__(self, origins: bool, markdown: str = "", compared: tuple["CompareView", ...] = (), **kwargs):
+        """`compared`: comparisons shown from the start (a resumed chat's); live ones are mounted later."""
         super().__init__(**kwargs)
         self.markdown = Markdown(markdown, classes="answer-md")
         self.answer = AnswerView(Text("…", Style(dim=True)), classes="answer")
         self.note = Static("", classes="note")
+        self.compared = compared
         self.set_class(origins, "origins")
 
     def compose(self) -> ComposeResult:
         yield self.markdown
         yield self.answer
         yield self.note
+        yield from self.compared
 
 
 @dataclass
