@@ -103,9 +103,10 @@ class Block:
             best = self.meta.get("best_tree")
             if not best:
                 return "budget 0: the budget tuner has no tree to compare it with yet"
-            v, speedup = best
+            v, k = best["v_max"], best["k"]
+            force = f"`v_max`={v}" if k is None else f"`k`={k} `v_max`={v}"   # k: a shorter block it needs
             return (f"budget 0: on this machine a tree costs more than the drafts win back (the best, V={v}, "
-                    f"is predicted at {speedup:.2f}x of no tree); `v_max`={v} forces one")
+                    f"is predicted at {best['predicted_speedup']:.2f}x of no tree); {force} forces one")
         return "no room left to draft: the answer reached its length limit"
 
     def to_dict(self) -> dict:

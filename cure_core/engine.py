@@ -284,7 +284,7 @@ class Engine:
                                 draft_ms=(t_tree - t_draft) * 1e3 + plan.redraft_ms,
                                 tree_ms=(t_tree_end - t_tree) * 1e3 - plan.redraft_ms,
                                 verify_ms=(t_verify - t_tree_end) * 1e3, commit_ms=(t_commit - t_verify) * 1e3),
-                stop=stop, meta=self._budget_meta(tuner, budget))
+                stop=stop, meta=self._budget_meta(tuner, budget, cfg))
             if tuner is not None:
                 tuner.observe(block, budget)
             yield block
@@ -295,13 +295,17 @@ class Engine:
             root = bonus
 
     @staticmethod
-    def _budget_meta(tuner: BudgetTuner | None, budget: int) -> dict:
+    def _budget_meta(tuner: BudgetTuner | None, budget: int, cfg: DecodeConfig) -> dict:
         if tuner is None:
             return {}
         meta = {"v_max": budget, "predicted_speedup": tuner.last_prediction}
         if budget == 0:
-            best = tuner.best_tree()            # what budget 0 was chosen over (Block.no_draft_reason)
-            meta["best_tree"] = [best[0], round(best[1], 4)] if best is not None else None
+            # What budget 0 was chosen over (Block.no_draft_reason), with the fixed settings that force it:
+            # a budget below K-1 is a shorter block (K = budget + 1), as the tuner runs it.
+            best = tuner.best_tree()
+            meta["best_tree"] = None if best is None else {
+                "v_max": best[0], "k": best[0] + 1 if best[0] < cfg.depth else None,     # None: the K set
+                "predicted_speedup": round(best[1], 4)}
         return meta
 
 

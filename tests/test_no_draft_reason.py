@@ -29,14 +29,24 @@ def test_budget_zero_blocks_say_why_in_words(steep, target, drafts):
     blocks = list(Engine(pair).generate(list(b"def f(x):"), cfg))
     zero = [b for b in blocks if b.meta["v_max"] == 0]
     assert zero and not zero[-1].nodes
-    v, speedup = zero[-1].meta["best_tree"]
+    best = zero[-1].meta["best_tree"]
+    v, speedup = best["v_max"], best["predicted_speedup"]
     assert v in STEEP.sizes and 0 < speedup < 1.0                 # the best tree loses to no tree
     reason = zero[-1].no_draft_reason
     assert reason.startswith("budget 0: on this machine a tree costs more than the drafts win back")
     assert f"V={v}" in reason and f"{speedup:.2f}x" in reason
-    assert with_flags(reason).endswith(f"--v-max {v} forces one")
-    tree = render_tree(zero[-1], TokenText(None)).plain
-    assert "no room left" not in tree and f"--v-max {v} forces one" in tree
+    # the settings it names are valid ones that force that tree: a budget under K-1 is a shorter block
+    force = f"--v-max {v}" if v >= cfg.k - 1 else f"--k {v + 1} --v-max {v}"
+    assert with_flags(reason).endswith(f"{force} forces one")
+    forced = DecodeConfig.from_user(k=v + 1 if v < cfg.k - 1 else cfg.k, v_max=v)
+    assert forced.v_max == v and not forced.auto_budget
+    tree = " ".join(render_tree(zero[-1], TokenText(None)).plain.split())
+    assert "no room left" not in tree and f"{force} forces one" in tree
+    # a budget from K-1 up needs --v-max alone
+    wide = zero[-1].__class__(**{**zero[-1].__dict__, "meta": {"v_max": 0, "best_tree": {
+        "v_max": 16, "k": None, "predicted_speedup": 0.8}}})
+    assert with_flags(wide.no_draft_reason).endswith("(the best, V=16, is predicted at 0.80x of no tree); "
+                                                     "--v-max 16 forces one")
     assert "budget 0" in render_margins(zero[-1], 1.0, 60, 5).plain
     # the last block of a length-limited answer has no room: that reason stays, and ar's own
     last = blocks[-1].__class__(**{**blocks[-1].__dict__, "nodes": (), "meta": {"v_max": 6}})
