@@ -64,6 +64,8 @@ class PhaseLines:
     def start(self, name: str, total: float | None, unit: str) -> object:
         from rich.progress import BarColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
         self.console.print(f"{name}…", highlight=False, soft_wrap=True, markup=False)
+        if not self.console.is_terminal:
+            return None                                        # a log or a pipe: the line alone
         if self.bar is None:
             self.bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), _Count(),
                                 TimeElapsedColumn(), console=self.console, transient=True)
@@ -73,11 +75,11 @@ class PhaseLines:
         return self.bar.add_task(short, total=total, unit=unit)
 
     def update(self, handle, done: float, total: float | None) -> None:
-        if self.bar is not None:
+        if self.bar is not None and handle is not None:
             self.bar.update(handle, completed=done, **({"total": total} if total is not None else {}))
 
     def end(self, handle) -> None:
-        if self.bar is None:
+        if self.bar is None or handle is None:
             return
         self.bar.remove_task(handle)
         self.open -= 1

@@ -82,6 +82,7 @@ class Engine:
         self._targets: dict[tuple, CachedLM] = {}             # (hidden layers, kv layout, compile) -> cache
         self._tuners: dict[DecodeConfig, BudgetTuner] = {}    # tuner_key(cfg) -> its tuner
         self._kept: CachedPrefix | None = None                # the last generation's caches (reuse_prefix)
+        self._started = 0                                     # generations started: the newest owns the caches
 
     # Rule: a tuner learns acceptance and costs for one tree policy on one execution path; the length,
     # seed and temperature of a generation do not change either, so they share it.
@@ -138,6 +139,8 @@ class Engine:
         if previous is not None and previous.target is not target:
             previous.target.reset()                 # another execution path: free the old rows
             previous = None
+        self._started += 1
+        serial = self._started
         state = CachedPrefix(target, drafter)
         keep = False
         try:
@@ -148,10 +151,13 @@ class Engine:
             keep = reuse_prefix
             raise
         finally:
-            if keep:
-                self._kept = state
-            else:
-                target.reset()      # free the KV cache once the generation ends or is abandoned
+            # Rule: a generation left open while a newer one ran (closed later, or by the garbage collector)
+            # no longer owns the caches: it must neither keep nor reset them.
+            if serial == self._started:
+                if keep:
+                    self._kept = state
+                else:
+                    target.reset()      # free the KV cache once the generation ends or is abandoned
 
     def forget_prefix(self) -> None:
         """Drop the cached prefix (the next reuse_prefix generation prefills everything)."""

@@ -3,12 +3,9 @@ strategy switches), saved sessions (resume, list, export, atomic saves), Markdow
 toggle, compare in place, and the honest empty tree. Tiny in-process models; no terminal, no download."""
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import io
-import json
 import os
-from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -19,36 +16,17 @@ from typer.testing import CliRunner
 from cure_core import engine as engine_module
 from cure_core.budget import CostCurve
 from cure_core.config import DecodeConfig
-from cure_core.drafters.causal import PardDrafter
-from cure_core.engine import Engine, ModelPair
-from cure_core.models import LoadedPair
-from cure_core.tiny import BYTE_VOCAB, EOS_ID, MASK_ID, byte_tokenizer
+from cure_core.engine import Engine
 from cure_core.trace import read_trace
-from cure_cli.chat_sessions import ChatSession, find_session, list_sessions, to_markdown
+from cure_cli.chat_sessions import ChatSession, TurnRecord, find_session, list_sessions, to_markdown
 from cure_cli.tui import app_chat
 from cure_cli.tui.app_chat import ChatApp
 from cure_cli.tui.engine_protocol import ModelEngine, ReplayEngine
 from cure_cli.tui.widgets import StatsPanel
 
-SAMPLE = Path(__file__).parent / "data" / "sample_trace.jsonl"
+from test_tui import SAMPLE, anyio_backend, tiny_engine, tok, wait_until  # noqa: F401 (fixtures)
+
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(scope="module")
-def anyio_backend():
-    return "asyncio"
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return byte_tokenizer()
-
-
-@pytest.fixture
-def tiny_engine(target, drafts, tok):
-    pair = ModelPair(target=target, drafter=PardDrafter(drafts["mild"], MASK_ID, vocab_size=BYTE_VOCAB),
-                     eos_ids=(EOS_ID, 258), names={"target": "tiny-target", "draft": "tiny-draft"})
-    return ModelEngine(LoadedPair(pair=pair, tokenizer=tok, drafter_kind="pard"))
 
 
 CFG = DecodeConfig(k=4, max_new_tokens=12, v_max=24)
@@ -63,15 +41,6 @@ def plain(widget: Static) -> str:
     with console.capture() as cap:
         console.print(content)
     return cap.get()
-
-
-async def wait_until(pilot, cond, timeout: float = 30.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not cond():
-        if loop.time() > end:
-            raise AssertionError("timed out waiting for the app")
-        await pilot.pause(0.02)
 
 
 async def settle(pilot, app) -> None:
@@ -241,7 +210,7 @@ def test_list_and_resume_on_the_command_line(tmp_path, monkeypatch):
     store = tmp_path / "chats"
     for i, title in enumerate(("older chat", "newer chat")):
         s = ChatSession(id=f"2026010{i}-120000-ab{i}c", dir=store, models={"target": "tiny"})
-        s.turns = [app_chat.TurnRecord(prompt=title, answer="ok", strategy="cure", config={}, status="done",
+        s.turns = [TurnRecord(prompt=title, answer="ok", strategy="cure", config={}, status="done",
                                        stats={"tau": 2.0, "tokens_per_s": 5.0, "tokens": 3, "blocks": 2,
                                               "mean_tree_size": 4.0, "prefill_ms": 1.0, "prefill_tokens": 3,
                                               "reused_tokens": 0})]

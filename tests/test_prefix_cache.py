@@ -167,3 +167,21 @@ def test_a_draft_vocabulary_is_rebuilt_from_the_kept_prefix(target, drafts, stra
     fresh_ids = list(drafter.vocab.ids.tolist())
     drafter.truncate(len(drafter.context))                          # a no-op truncation rebuilds the same ids
     assert drafter.vocab.ids.tolist() == fresh_ids
+
+
+def test_a_generation_left_open_never_takes_the_caches_back(target, drafts):
+    """A reuse_prefix generation abandoned without close() while a newer one runs (then closed late, e.g.
+    by the garbage collector) must not hand its stale token lists to the next turn."""
+    pair = make_pair(target, drafts["mild"])
+    cfg = DecodeConfig(strategy="cure", k=4, max_new_tokens=12, v_max=24)
+    engine = Engine(pair)
+    prompt = list(b"abandon me")
+    old = engine.generate(prompt, cfg, reuse_prefix=True)
+    next(old)                                                       # started, then left open
+    other = list(b"something else entirely")
+    newer = list(engine.generate(other, cfg, reuse_prefix=True))
+    old.close()                                                     # late: the newer one owns the caches
+    longer = other + emitted(newer) + list(b"!")
+    blocks = list(engine.generate(longer, cfg, reuse_prefix=True))
+    assert blocks[0].timings.reused_tokens == len(other) + len(emitted(newer)) - 1
+    assert emitted(blocks) == emitted(Engine(pair).generate(longer, cfg))

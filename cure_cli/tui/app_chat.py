@@ -29,7 +29,7 @@ from cure_core.block import Block
 from cure_core.config import STRATEGIES, DecodeConfig
 from cure_core.errors import CureError, TraceError
 
-from ..chat_sessions import ChatSession, TurnRecord, new_id, to_markdown, turn_stats, write_atomic
+from ..chat_sessions import ChatSession, TurnRecord, new_id, to_markdown, write_atomic
 from .engine_protocol import ChatEngine
 from .messages import (BlockBuffer, BlocksReady, CalibrationDone, CompareFinished, CompareProgress, TurnFinished,
                        TurnStarted)
@@ -273,19 +273,10 @@ class ChatApp(App):
         except Exception as e:  # noqa: BLE001
             self.post_message(TurnFinished(turn, "error", error_line(e)))
             return
-        reason, error = "done", None
-        try:
-            for block in gen:
-                self._buffer.put(turn, block)
-                self.post_message(BlocksReady(turn))
-                if self._stop.is_set():
-                    reason = "stopped"
-                    break
-        except Exception as e:  # noqa: BLE001
-            reason, error = "error", error_line(e)
-        finally:
-            gen.close()
-        self.post_message(TurnFinished(turn, reason, error))
+        def each(block: Block) -> None:
+            self._buffer.put(turn, block)
+            self.post_message(BlocksReady(turn))
+        self.post_message(TurnFinished(turn, *self._pump(gen, each)))
 
     @work(thread=True, group="engine", exit_on_error=False)
     def _run_compare(self, turn: int, messages: list[dict], cfg: DecodeConfig) -> None:
@@ -295,19 +286,26 @@ class ChatApp(App):
         except Exception as e:  # noqa: BLE001
             self.post_message(CompareFinished(turn, blocks, "error", error_line(e)))
             return
+        def each(block: Block) -> None:
+            blocks.append(block)
+            self.post_message(CompareProgress(turn, sum(len(b.emitted) for b in blocks)))
+        self.post_message(CompareFinished(turn, blocks, *self._pump(gen, each)))
+
+    def _pump(self, gen, each) -> tuple[str, str | None]:
+        """Drive a generation on a worker thread: `each(block)` per block, stopping between two blocks when
+        asked; the generator is always closed. Returns ("done" | "stopped" | "error", the error line)."""
         reason, error = "done", None
         try:
             for block in gen:
-                blocks.append(block)
-                self.post_message(CompareProgress(turn, sum(len(b.emitted) for b in blocks)))
+                each(block)
                 if self._stop.is_set():
                     reason = "stopped"
                     break
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - shown under the answer, never raised
             reason, error = "error", error_line(e)
         finally:
             gen.close()
-        self.post_message(CompareFinished(turn, blocks, reason, error))
+        return reason, error
 
     # ---- messages from the workers ----
     def on_calibration_done(self, message: CalibrationDone) -> None:
