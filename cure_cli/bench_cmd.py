@@ -29,8 +29,8 @@ from cure_core.options import EngineArgs
 from .bench import report, stats
 from .bench.runner import BenchPrompt, PairResult, ProgressLog, RunSpec, build_runs, interleave, parse_list, run_interleaved, warm_up
 from .bench.scoring import REFUSAL, Scorer, needs_exec, summarize_scores
-from .common import LoggedProgress, err_console, fail, friendly_errors, quiet_transformers
-from .options import engine_options
+from .common import LoggedProgress, err_console, fail, friendly_errors, phase_lines, quiet_transformers
+from .options import engine_options, with_flags
 
 WARMUP_TOKENS = 32                              # tokens per warm-up generation
 
@@ -148,6 +148,7 @@ def load(p: Plan, args: EngineArgs, chat: bool | None) -> Loaded:
     from cure_tasks import raw_by_default
     loaded = open_pair(args.with_(strategy="ar"), strategies=p.strategies)
     p.notes.extend(loaded.notes)
+    p.notes.extend(f"warning: {with_flags(w)}" for w in loaded.warnings)
     runs, skipped = [], []
     for r in build_runs(loaded.config, p.strategies, p.ablations):   # loaded.config: K is the drafter's
         try:
@@ -300,7 +301,8 @@ def bench(
     if paper:
         args = args.with_(cure_tree="paper")
     p = plan(dataset, prompts, data, limit, strategies, ablate, args)
-    m = load(p, args, args.chat)
+    with phase_lines():
+        m = load(p, args, args.chat)
     pair = m.pair.pair
     if output_dir is None:
         output_dir = _latest_run_dir() if resume else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
@@ -309,6 +311,7 @@ def bench(
               "mask_token_id": args.mask_token_id}
     fingerprint = {"dataset": p.dataset, "data_path": str(p.data) if p.data else None, "models": models,
                    "device": args.device, "dtype": args.dtype, "device_map": args.device_map, "chat": m.chat,
+                   "thinking": m.pair.thinking,
                    "runs": {r.name: r.config.to_dict() for r in m.runs}}
     log = ProgressLog(output_dir, fingerprint, resume)
     scorer = Scorer(allow_code_exec)
@@ -323,7 +326,8 @@ def bench(
     trace_path = output_dir / report.TRACE_FILE
     base = m.runs[0].config
     writer = TraceWriter(trace_path, models=pair.names, config=base.to_dict(),
-                         extra={"bench": {"dataset": p.dataset, "runs": {r.name: r.config.to_dict() for r in m.runs}}})
+                         extra={"thinking": m.pair.thinking,
+                                "bench": {"dataset": p.dataset, "runs": {r.name: r.config.to_dict() for r in m.runs}}})
     try:
         finished, status = run(p, m, log, writer, scorer, warmup)
     except BaseException:

@@ -7,9 +7,11 @@ from typing import Annotated, Optional
 
 import typer
 
+from cure_core.config import DecodeConfig
 from cure_core.options import EngineArgs
 
-from .common import err_console, fail, friendly_errors, quiet_transformers
+from .chat_sessions import MODEL_FIELDS, find_session, list_sessions, sessions_dir
+from .common import fail, friendly_errors, open_models, quiet_transformers
 from .options import engine_options
 
 
@@ -19,9 +21,47 @@ def needs_terminal(command: str) -> None:
              f"(for scripts use `cure generate` / `cure analyze`)")
 
 
+def list_chats() -> None:
+    """The saved chats, the most recent first: ID, last update, turns, models, first prompt."""
+    from rich.console import Console
+    from rich.table import Table
+    folder = sessions_dir()
+    chats = list_sessions(folder)
+    console = Console()
+    if not chats:
+        console.print(f"no saved chats in {folder}", highlight=False)
+        return
+    table = Table(title=f"Saved chats ({folder}); resume one with `cure chat --resume ID`", expand=True)
+    table.add_column("ID", no_wrap=True, min_width=len(chats[0].id))          # never cut: it is what you type
+    table.add_column("updated", no_wrap=True, min_width=16)
+    table.add_column("turns", justify="right", no_wrap=True)
+    table.add_column("models", ratio=1, overflow="fold")
+    table.add_column("first prompt", ratio=1)
+    for c in chats:
+        short = {k: Path(v).name if v and Path(v).is_absolute() else v for k, v in c.models.items()}
+        models = (short.get("target") or "?") + (f" ← {short['draft']}" if short.get("draft") else "")
+        table.add_row(c.id, c.updated[:16].replace("T", " "), str(len(c.turns)), models, c.title)
+    console.print(table)
+
+
+def resumed_options(args: EngineArgs, record) -> tuple[EngineArgs, bool]:
+    """The options a resumed chat opens with. Rules: the models (MODEL_FIELDS) are the saved ones unless
+    given again; the saved decoding settings come back unless a decoding flag is given (returned flag)."""
+    defaults = EngineArgs()
+    saved = {f: record.engine[f] for f in MODEL_FIELDS
+             if f in record.engine and getattr(args, f) == getattr(defaults, f)}
+    given = [f for f in EngineArgs.__dataclass_fields__ if f not in MODEL_FIELDS
+             and getattr(args, f) != getattr(defaults, f)]
+    return args.with_(**saved), not given
+
+
 @friendly_errors
 @engine_options()
 def chat(
+    session: Annotated[Optional[str], typer.Argument(help="With --resume: the saved chat to continue (an ID from --list, or its start; default: the latest).", show_default=False)] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue a saved chat (the latest, or SESSION): its conversation, models and settings.")] = False,
+    list_saved: Annotated[bool, typer.Option("--list", help="List the saved chats and exit.")] = False,
+    history: Annotated[bool, typer.Option("--history/--no-history", help="Save this conversation as it goes (turns, settings, stats, trace) under the user data directory ($CURE_DATA overrides it).")] = True,
     baseline_tps: Annotated[Optional[float], typer.Option("--baseline-tps", help="AR tokens/s for the speedup figure (skips the start-up AR calibration).")] = None,
     calibrate_tokens: Annotated[int, typer.Option("--calibrate-tokens", help="Tokens of the start-up AR calibration run (0: none).")] = 8,
     replay: Annotated[Optional[Path], typer.Option("--replay", help="Replay the generations of this trace instead of running a model (no model is loaded).")] = None,
@@ -29,12 +69,24 @@ def chat(
     save: Annotated[Optional[Path], typer.Option("--save", help="Where `s` / ctrl+s saves the session trace (default: ./cure-chat-N.jsonl).")] = None,
     *, args: EngineArgs,
 ) -> None:
-    """Chat in a terminal UI: streamed answers coloured by origin, the repair tree, margins and live stats."""
+    """Chat in a terminal UI: answers as Markdown (or coloured by origin), the repair tree, margins and live
+    stats; each turn prefills only its new tokens; every conversation is saved (--list, --resume)."""
     quiet_transformers()
     from cure_core.config import STRATEGIES
 
     from .tui.engine_protocol import ModelEngine, ReplayEngine, load_trace_tokenizer
 
+    if list_saved:
+        list_chats()
+        return
+    if session is not None and not resume:
+        fail(f"give --resume to continue a saved chat: cure chat --resume {session}")
+    record = None
+    if resume:
+        if replay is not None:
+            fail("--resume continues a saved chat with its models; it does not combine with --replay")
+        record = find_session(session)
+        args, restore_settings = resumed_options(args, record)
     if replay is not None:
         from cure_core.trace import read_trace
         cfg = args.decode_config()
@@ -43,15 +95,16 @@ def chat(
         tok = load_trace_tokenizer(trace.header.get("models") or {}, args.target)
         engine = ReplayEngine(trace, tok, delay=max(0.0, replay_delay))   # AR baseline: an ar run in the trace
     else:
-        from cure_core.api import open_pair
         needs_terminal("chat")
-        err_console.print(f"[dim]loading {args.target or 'the embedded default pair'}…[/]", highlight=False)
-        loaded = open_pair(args, strategies=STRATEGIES)      # every strategy is one key away in the app
-        for note in loaded.notes:
-            err_console.print(f"[yellow]note:[/] {note}", highlight=False)
+        loaded = open_models(args, strategies=STRATEGIES)    # every strategy is one key away in the app
         cfg = loaded.config
+        if record is not None and restore_settings and record.settings:
+            fields = DecodeConfig.__dataclass_fields__
+            cfg = DecodeConfig(**{k: v for k, v in record.settings.items() if k in fields})
         engine = ModelEngine(loaded)
     cfg = engine.check(cfg)
     needs_terminal("chat")
     from .tui.app_chat import ChatApp
-    ChatApp(engine, cfg, baseline_tps=baseline_tps, calibrate_tokens=calibrate_tokens, save_path=save).run()
+    store = sessions_dir() if history and replay is None else None     # a replay is a demo: nothing to keep
+    ChatApp(engine, cfg, baseline_tps=baseline_tps, calibrate_tokens=calibrate_tokens, save_path=save, store=store,
+            resume=record, launch={f: getattr(args, f) for f in MODEL_FIELDS}).run()

@@ -8,7 +8,8 @@ import time
 
 import typer
 from rich.console import Console
-from rich.progress import Progress
+from rich.progress import DownloadColumn, MofNCompleteColumn, Progress, ProgressColumn
+from rich.text import Text
 
 from cure_core.errors import CureError
 
@@ -38,6 +39,78 @@ def friendly_errors(fn):
                 raise
             fail(with_flags(f"{type(e).__name__}: {e}"))
     return wrapper
+
+
+class _Count(ProgressColumn):
+    """done/total of a phase: bytes as sizes, steps as N/M, nothing while the total is unknown."""
+
+    def render(self, task) -> Text:
+        if task.total is None:
+            return Text("")
+        column = DownloadColumn() if task.fields.get("unit") == "bytes" else MofNCompleteColumn()
+        return column.render(task)
+
+
+class PhaseLines:
+    """cure_core.progress phases on stderr: one line as each phase starts, and a transient progress bar
+    while it runs (bytes or steps when the phase knows its total, else a pulse with the elapsed time).
+    One rich Progress for every open phase (rich allows one live display at a time)."""
+
+    def __init__(self, console: Console = err_console):
+        self.console = console
+        self.bar: Progress | None = None
+        self.open = 0
+
+    def start(self, name: str, total: float | None, unit: str) -> object:
+        from rich.progress import BarColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
+        self.console.print(f"{name}…", highlight=False, soft_wrap=True, markup=False)
+        if not self.console.is_terminal:
+            return None                                        # a log or a pipe: the line alone
+        if self.bar is None:
+            self.bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), _Count(),
+                                TimeElapsedColumn(), console=self.console, transient=True)
+            self.bar.start()
+        self.open += 1
+        short = name.split(":")[0].split(" (")[0]          # the bar's label: the phase without its details
+        return self.bar.add_task(short, total=total, unit=unit)
+
+    def update(self, handle, done: float, total: float | None) -> None:
+        if self.bar is not None and handle is not None:
+            self.bar.update(handle, completed=done, **({"total": total} if total is not None else {}))
+
+    def end(self, handle) -> None:
+        if self.bar is None or handle is None:
+            return
+        self.bar.remove_task(handle)
+        self.open -= 1
+        if not self.open:
+            self.bar.stop()
+            self.bar = None
+
+
+def phase_lines():
+    """Show the core's long phases (first-run conversion, loading, the cost curve) for a block of code."""
+    from cure_core.progress import reporting
+    return reporting(PhaseLines())
+
+
+def open_models(args, strategies=None):
+    """cure_core.api.open_pair with its long phases shown (first-run conversion, loading) and the budget
+    tuner's cost curve measured before decoding starts (--v-max auto), then the notes and warnings."""
+    from cure_core.api import open_pair
+    with phase_lines():
+        loaded = open_pair(args, strategies)
+        loaded.engine.tuner_for(loaded.config)
+    show_notes(loaded)
+    return loaded
+
+
+def show_notes(loaded) -> None:
+    """What open_pair's defaults changed (notes) and choices that will cost speed (warnings), one line each."""
+    for note in loaded.notes:
+        err_console.print(f"[yellow]note:[/] {note}", highlight=False)
+    for warning in loaded.warnings:
+        err_console.print(f"[bold yellow]warning:[/] {with_flags(warning)}", highlight=False, soft_wrap=True)
 
 
 def quiet_transformers() -> None:

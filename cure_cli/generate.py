@@ -11,8 +11,8 @@ import typer
 
 from cure_core.options import EngineArgs
 
-from .common import err_console, fail, friendly_errors, quiet_transformers
-from .options import engine_options
+from .common import err_console, fail, friendly_errors, open_models, quiet_transformers
+from .options import engine_options, with_flags
 
 
 class TextStream:
@@ -60,8 +60,7 @@ def generate(
     *, args: EngineArgs,
 ) -> None:
     """Generate text with one decoding strategy; streams tokens as blocks are accepted."""
-    from cure_core.api import open_pair                  # torch / transformers load here, not at --help
-    from cure_core.metrics import summarize
+    from cure_core.metrics import summarize              # torch / transformers load here, not at --help
     from cure_core.trace import TraceWriter
     quiet_transformers()
     if prompt == "-":
@@ -70,14 +69,13 @@ def generate(
         fail("the prompt is empty")
     if trace is not None:
         check_trace_path(trace)
-    loaded = open_pair(args)
-    for note in loaded.notes:
-        err_console.print(f"[yellow]note:[/] {note}", highlight=False)
+    loaded = open_models(args)
     cfg = loaded.config
     ids = loaded.encode(prompt)
     stream = TextStream(loaded.tokenizer)
     blocks = []
-    writer = TraceWriter(trace, models=loaded.pair.names, config=cfg.to_dict()) if trace else None
+    writer = TraceWriter(trace, models=loaded.pair.names, config=cfg.to_dict(),
+                         extra={"thinking": loaded.thinking}) if trace else None
     signal.signal(signal.SIGTERM, _terminate)
     try:
         if writer:
@@ -115,3 +113,7 @@ def generate(
         f"[dim]{cfg.strategy}: {stats.new_tokens} tokens in {stats.blocks} blocks | tau {stats.tau:.2f} | "
         f"{stats.tokens_per_s:.1f} tok/s | TPOT {stats.tpot_ms:.1f} ms | repair wins {stats.repair_win_rate:.0%} | "
         f"mean tree {stats.mean_tree_size:.1f} | prefill {stats.prefill_ms:.0f} ms[/]", highlight=False)
+    budget0 = [b for b in blocks if b.meta.get("v_max") == 0]
+    if budget0:                      # the tuner's budget 0, in words: what it was chosen over, how to force a tree
+        err_console.print(f"[dim]{len(budget0)} of {len(blocks)} blocks drafted nothing: "
+                          f"{with_flags(budget0[-1].no_draft_reason)}[/]", highlight=False, soft_wrap=True)

@@ -60,12 +60,12 @@ def engine_options(exclude: tuple[str, ...] = (), only: tuple[str, ...] | None =
 def with_flags(message: str) -> str:
     """A core error names config fields in backticks (`v_max`, `chat`=False); show the CLI's flags."""
     flags = EngineArgs.flags()
-    flags.update({"chat": "--chat"})
+    switches = EngineArgs.switches()
 
     def sub(m: re.Match) -> str:
         name, value = m.group(1), m.group(2)
-        if name == "chat" and value is not None:
-            return "--chat" if value == "True" else "--raw"
+        if name in switches and value in ("True", "False"):
+            return switches[name][0 if value == "True" else 1]     # `chat`=False -> --raw
         if name not in flags:
             return m.group(0)                       # not an engine option: leave it as written
         return flags[name] if value is None else f"{flags[name]} {value}"

@@ -70,5 +70,11 @@ def open_pair(args: EngineArgs, strategies: Sequence[str] | None = None) -> Load
     block_size = getattr(drafter, "block_size", None)
     loaded.config = args.decode_config(block_size).with_(strategy=strategy)
     loaded.chat = args.chat
+    # Rule (cure_core/thinking.py): thinking follows the drafter's declaration, off for DFlash by default.
+    from .thinking import choose_thinking, drafter_declaration, template_has_switch
+    declared = drafter_declaration(choice.draft) if loaded.pair.drafter is not None else None
+    loaded.thinking, warnings = choose_thinking(args.thinking, loaded.drafter_kind, declared,
+                                                template_has_switch(loaded.tokenizer))
     loaded.notes = tuple(notes)
+    loaded.warnings = tuple(warnings)
     return loaded

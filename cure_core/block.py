@@ -30,6 +30,8 @@ class TreeNode:
 @dataclass(frozen=True)
 class Timings:
     prefill_ms: float = 0.0       # only on the first block of a generation
+    prefill_tokens: int = 0       # first block: prompt tokens the prefill forwarded...
+    reused_tokens: int = 0        # ...and those whose K/V rows a previous generation left (reuse_prefix)
     draft_ms: float = 0.0         # drafter: block proposal and repair re-drafts
     tree_ms: float = 0.0          # UFPs, budget, trie merge, masks (no model compute)
     verify_ms: float = 0.0        # the one target forward over the tree, plus acceptance
@@ -86,6 +88,26 @@ class Block:
     def delta_a(self) -> int:
         """Extra tokens the tree gained over branch 0 alone."""
         return self.accept_length - self.branch0_accepted
+
+    @property
+    def no_draft_reason(self) -> str | None:
+        """Why this block verified no draft tree, in words (the tree panel, `cure generate`'s stats line);
+        None when it had one. Rule: derived from what the block recorded: ar drafts nothing; the budget
+        tuner's budget 0 (meta: its choice and the best tree it was chosen over, engine._budget_meta);
+        else the length limit left no room. Config fields in backticks (the CLI shows flags)."""
+        if self.nodes:
+            return None
+        if self.strategy == "ar":
+            return "ar drafts nothing"
+        if self.meta.get("v_max") == 0:
+            best = self.meta.get("best_tree")
+            if not best:
+                return "budget 0: the budget tuner has no tree to compare it with yet"
+            v, k = best["v_max"], best["k"]
+            force = f"`v_max`={v}" if k is None else f"`k`={k} `v_max`={v}"   # k: a shorter block it needs
+            return (f"budget 0: on this machine a tree costs more than the drafts win back (the best, V={v}, "
+                    f"is predicted at {best['predicted_speedup']:.2f}x of no tree); {force} forces one")
+        return "no room left to draft: the answer reached its length limit"
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -35,6 +35,7 @@ import torch
 from .block import Block
 from .cpu_kernels import MIN_ROWS, is_packed
 from .lm import CachedLM, padded_size
+from .progress import phase
 
 SIZES = (0, 1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 
@@ -96,23 +97,12 @@ def measure_cost_curve(model, max_size: int = 64, ctx_len: int = 128, repeats: i
     ctx = torch.randint(0, vocab, (ctx_len,), generator=gen).tolist()
     lm = CachedLM(model, kv=kv, compile=compile, capacity=ctx_len + padded_size(max_size + 1) + 2)
     lm.prefill(ctx)
-    device = lm.device
     times = []
-    for v in sizes:
-        toks = torch.randint(0, vocab, (v + 1,), generator=gen).tolist()
-        runs = []
-        for r in range(repeats + 1):                       # the first run warms up
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            t0 = time.perf_counter()
-            fwd = lm.forward(toks, [-1] + list(range(v)))
-            fwd.logits.argmax(-1).tolist()                # acceptance reads the argmax back
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            if r:
-                runs.append((time.perf_counter() - t0) * 1e3)
-            lm.rollback()
-        times.append(min(runs))                           # the least disturbed run: noise only adds time
+    with phase(f"measuring the verification cost curve ({len(sizes)} tree sizes, once per model and machine)",
+               total=len(sizes)) as update:
+        for v in sizes:
+            times.append(_time_forward(lm, v, vocab, gen, repeats))
+            update(len(times))
     curve = CostCurve(sizes, tuple(_isotonic(times)))
     if use_disk_cache:
         try:
@@ -125,6 +115,26 @@ def measure_cost_curve(model, max_size: int = 64, ctx_len: int = 128, repeats: i
         except (OSError, ValueError):
             pass
     return curve
+
+
+def _time_forward(lm: CachedLM, v: int, vocab: int, gen: torch.Generator, repeats: int) -> float:
+    """ms of one target forward over a root + v-node chain: the least disturbed of `repeats` runs (noise
+    only adds time), after one warm-up run."""
+    device = lm.device
+    toks = torch.randint(0, vocab, (v + 1,), generator=gen).tolist()
+    runs = []
+    for r in range(repeats + 1):                       # the first run warms up
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        fwd = lm.forward(toks, [-1] + list(range(v)))
+        fwd.logits.argmax(-1).tolist()                # acceptance reads the argmax back
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if r:
+            runs.append((time.perf_counter() - t0) * 1e3)
+        lm.rollback()
+    return min(runs)
 
 
 def _isotonic(ys: list[float]) -> list[float]:
@@ -243,6 +253,14 @@ class BudgetTuner:
         self.last_prediction = self.predicted_speedup(choice)
         return choice
 
+    def best_tree(self) -> tuple[int, float] | None:
+        """(budget, predicted speedup over ar) of the best non-zero budget: what budget 0 was chosen over."""
+        rated = [(s, v) for v in self.candidates if v > 0 and (s := self.predicted_speedup(v)) is not None]
+        if not rated:
+            return None
+        s, v = max(rated, key=lambda sv: (sv[0], -sv[1]))
+        return v, s
+
     def predicted_speedup(self, v: int) -> float | None:
         """Predicted speedup over AR (one target forward per token: C_v(0))."""
         r = self.rate(v)
@@ -268,3 +286,4 @@ class BudgetTuner:
             del self.history[: -self.window]
             del self.overhead[: -self.window]
             del self.verify_scale[: -self.window]
+

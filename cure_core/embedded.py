@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from .errors import CureError
+from .progress import phase
 
 ProgressFn = Callable[[int, int], None]   # on_progress(done_bytes, total_bytes)
 
@@ -380,22 +381,6 @@ def _build_folder(root: Path, alias: str) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def _rich_progress(description: str) -> Iterator[ProgressFn]:
-    """A byte progress bar on stderr, as an on_progress callback (the only use of rich here)."""
-    from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
-                               TimeRemainingColumn, TransferSpeedColumn)
-    from rich.console import Console
-    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-                  TransferSpeedColumn(), TimeRemainingColumn(),
-                  console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task(description, total=None)
-
-        def update(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total)
-        yield update
-
-
-@contextlib.contextmanager
 def _hf_progress_bars(enabled: bool) -> Iterator[None]:
     """transformers draws its own tqdm bars (de-quantizing, writing shards): follow `progress`."""
     from transformers.utils import logging as hf_logging
@@ -409,6 +394,32 @@ def _hf_progress_bars(enabled: bool) -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
+@contextlib.contextmanager
+def _tensor_progress(update) -> Iterator[None]:
+    """transformers de-quantizes a GGUF's tensors in a tqdm loop of its own (modeling_gguf_pytorch_utils,
+    whatever its progress-bar switch says): count them into the converting phase instead of a second bar
+    fighting the first. Nothing changes if that module or its `tqdm` name is not there."""
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:
+        gguf_utils = None
+    original = getattr(gguf_utils, "tqdm", None)
+    if original is None:
+        yield
+        return
+
+    def counted(iterable, *args, **kwargs):
+        items = list(iterable)
+        for i, item in enumerate(items):
+            yield item
+            update(i + 1, len(items))
+    gguf_utils.tqdm = counted
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = original
+
+
 def _convert(model: EmbeddedModel, gguf: Path, out_dir: Path, progress: bool) -> dict:
     """Dequantize `gguf` with transformers and save an fp16 HF folder into `out_dir`.
 
@@ -419,7 +430,8 @@ def _convert(model: EmbeddedModel, gguf: Path, out_dir: Path, progress: bool) ->
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, GgufConfig
 
-    with _hf_progress_bars(progress):
+    with (_hf_progress_bars(progress), phase(f"converting {model.alias}: dequantizing the GGUF to fp16") as update,
+          _tensor_progress(update)):
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         # dequantize=True: always unpack into plain dense weights. Without it, transformers keeps
         # the blocks packed (GgufLinear, not serializable) for architectures it has kernels for
@@ -427,7 +439,7 @@ def _convert(model: EmbeddedModel, gguf: Path, out_dir: Path, progress: bool) ->
         lm = AutoModelForCausalLM.from_pretrained(
             gguf.parent, gguf_file=gguf.name, dtype=torch.float16,
             quantization_config=GgufConfig(dequantize=True))
-
+    with _hf_progress_bars(progress):
         # The loaded config remembers the GGUF (quant_method "gguf"); a saved folder carrying that
         # would send later loads back to a GGUF file that no longer exists. It is plain fp16 now.
         if hasattr(lm.config, "quantization_config"):
@@ -447,8 +459,9 @@ def _convert(model: EmbeddedModel, gguf: Path, out_dir: Path, progress: bool) ->
         lm.generation_config = GenerationConfig(
             bos_token_id=lm.config.bos_token_id, eos_token_id=eos_ids, pad_token_id=pad)
 
-        lm.save_pretrained(out_dir)     # safetensors, in the dtype loaded (fp16)
-        tok.save_pretrained(out_dir)    # tokenizer.json + chat_template.jinja, from the GGUF
+        with phase(f"writing the cache of {model.alias} (fp16 safetensors)"):
+            lm.save_pretrained(out_dir)     # safetensors, in the dtype loaded (fp16)
+            tok.save_pretrained(out_dir)    # tokenizer.json + chat_template.jinja, from the GGUF
     return {
         "chat_template": bool(tok.chat_template),
         "eos_token_id": eos_ids,
@@ -467,7 +480,8 @@ def ensure_cached(alias: str, cache_dir: Path | str | None = None, progress: boo
     ``notice`` (default: one line on stderr when ``progress``) and rebuilt. A build: assemble + verify the
     GGUF, convert to fp16 safetensors, delete the GGUF, record every file's size and hashes in the marker,
     written last, and rename the build folder into place. `on_progress(done, total)` gets the assembly's
-    byte counts; with no callback, `progress=True` draws a rich bar on stderr.
+    byte counts; every step is a progress phase (cure_core/progress.py); `progress=False` silences
+    transformers' own bars.
     """
     model = get_model(alias)
     root = cache_root(cache_dir)
@@ -479,7 +493,8 @@ def ensure_cached(alias: str, cache_dir: Path | str | None = None, progress: boo
         _notify(notice, progress, f"the cache of {alias} in {final} failed its check ({problem}): "
                                   f"rebuilding it from the GGUF parts")
 
-    locate_parts(model)             # fail fast, before any disk work, naming the pip command
+    with phase(f"locating the weight parts of {alias}"):
+        locate_parts(model)         # fail fast, before any disk work, naming the pip command
     root.mkdir(parents=True, exist_ok=True)
     _remove_dead_partials(root, alias)
     free = shutil.disk_usage(root).free
@@ -489,11 +504,8 @@ def ensure_cached(alias: str, cache_dir: Path | str | None = None, progress: boo
             f"in {root}, only {free / 1e9:.1f} GB there (set ${CACHE_ENV} to use another folder)")
 
     with _build_folder(root, alias) as build:
-        if on_progress is None and progress:
-            with _rich_progress(f"assembling {alias}") as bar:
-                gguf = assemble_gguf(model, build, bar)
-        else:
-            gguf = assemble_gguf(model, build, on_progress)
+        with phase(f"assembling {alias} and checking its sha256", total=model.size, unit="bytes") as update:
+            gguf = assemble_gguf(model, build, on_progress or update)
         facts = _convert(model, gguf, build, progress)
         gguf.unlink()               # keep the disk small: the parts stay installed, the GGUF goes
         # mkdtemp makes the folder 0700 and safetensors writes 0600: open them up like a plain

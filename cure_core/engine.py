@@ -56,10 +56,23 @@ class ModelPair:
         return self.drafter
 
 
+@dataclass
+class CachedPrefix:
+    """What the caches hold after a generation: kept for the next one when it asks (reuse_prefix).
+    Rule: the target's rows and the drafter's state each hold a known token list; the next prompt reuses
+    the longest prefix it shares with BOTH, on the same target cache and the same drafter object."""
+    target: CachedLM                        # the target cache holding the rows
+    drafter: Drafter | None                 # the drafter whose state goes with them (None: ar)
+    target_ids: list[int] = field(default_factory=list)    # tokens of the committed K/V rows, in order
+    drafter_ids: list[int] = field(default_factory=list)   # tokens given to the drafter (reset + advance)
+    reused: int = 0                         # prompt tokens this generation took from the previous one
+
+
 class Engine:
     """Decodes with one ModelPair under any DecodeConfig, and keeps what it learns between generations:
-    the budget tuner of each config (chat turns and bench prompts share it) and the target's KV
-    buffers of each execution layout. `cfg` given here is the default for `generate`."""
+    the budget tuner of each config (chat turns and bench prompts share it), the target's KV
+    buffers of each execution layout and, when asked, the last generation's cached prefix (chat).
+    `cfg` given here is the default for `generate`."""
 
     def __init__(self, pair: ModelPair, cfg: DecodeConfig | None = None):
         self.pair = pair
@@ -68,6 +81,8 @@ class Engine:
             pair.drafter_for(cfg.strategy)                    # fail early: the strategy needs its drafter
         self._targets: dict[tuple, CachedLM] = {}             # (hidden layers, kv layout, compile) -> cache
         self._tuners: dict[DecodeConfig, BudgetTuner] = {}    # tuner_key(cfg) -> its tuner
+        self._kept: CachedPrefix | None = None                # the last generation's caches (reuse_prefix)
+        self._started = 0                                     # generations started: the newest owns the caches
 
     # Rule: a tuner learns acceptance and costs for one tree policy on one execution path; the length,
     # seed and temperature of a generation do not change either, so they share it.
@@ -107,19 +122,65 @@ class Engine:
         return BudgetTuner(curve, sorted(set(shorter + wider)))
 
     def generate(self, prompt_ids: Sequence[int], cfg: DecodeConfig | None = None, *,
-                 timings: bool = True) -> Iterator[Block]:
+                 timings: bool = True, reuse_prefix: bool = False) -> Iterator[Block]:
         """Yield one Block per target forward until a stop; closing the generator stops early.
         `timings=False` skips the device syncs that make per-step timings exact on a GPU (the budget
-        tuner needs them, so --v-max auto keeps them)."""
+        tuner needs them, so --v-max auto keeps them).
+        `reuse_prefix=True` (chat turns): start from what the previous generation left in the caches,
+        truncated to the longest prefix it shares with this prompt, so only the new tokens are prefilled;
+        and keep this generation's caches for the next one. The output is the same as a fresh prefill's
+        (K/V rows and drafter context rows depend only on the tokens before them)."""
         cfg = cfg if cfg is not None else self.cfg
         target = self.target_for(cfg)
-        try:
-            yield from self._decode(prompt_ids, cfg, target, timings)
-        finally:
-            target.reset()          # free the KV cache once the generation ends or is abandoned
-
-    def _decode(self, prompt_ids: Sequence[int], cfg: DecodeConfig, target: CachedLM, timings: bool) -> Iterator[Block]:
         drafter = self.pair.drafter_for(cfg.strategy)
+        # Rule: every generation consumes what the last one kept; only a reuse_prefix one that ends at a
+        # block boundary (finished, or closed between blocks) keeps its own.
+        previous, self._kept = self._kept, None
+        if previous is not None and previous.target is not target:
+            previous.target.reset()                 # another execution path: free the old rows
+            previous = None
+        self._started += 1
+        serial = self._started
+        state = CachedPrefix(target, drafter)
+        keep = False
+        try:
+            yield from self._decode(prompt_ids, cfg, target, drafter, timings,
+                                    previous if reuse_prefix else None, state)
+            keep = reuse_prefix
+        except GeneratorExit:                       # closed at a yield: the caches hold whole blocks
+            keep = reuse_prefix
+            raise
+        finally:
+            # Rule: a generation left open while a newer one ran (closed later, or by the garbage collector)
+            # no longer owns the caches: it must neither keep nor reset them.
+            if serial == self._started:
+                if keep:
+                    self._kept = state
+                else:
+                    target.reset()      # free the KV cache once the generation ends or is abandoned
+
+    def forget_prefix(self) -> None:
+        """Drop the cached prefix (the next reuse_prefix generation prefills everything)."""
+        if self._kept is not None:
+            self._kept.target.reset()
+            self._kept = None
+
+    @staticmethod
+    def _reusable(previous: CachedPrefix | None, state: CachedPrefix, context: list[int], capacity: int) -> int:
+        """Prompt tokens (of `context`, the prompt but its last token) whose cached rows `previous` can give.
+        Rule: the same target cache and drafter object, the longest prefix shared with both of their token
+        lists, and (compiled static shapes cannot grow) room for the whole generation."""
+        if previous is None or previous.target is not state.target or previous.drafter is not state.drafter:
+            return 0
+        if state.target.static_shapes and state.target.capacity < capacity:
+            return 0
+        n = common_prefix(previous.target_ids, context)
+        if state.drafter is not None:
+            n = min(n, common_prefix(previous.drafter_ids, context))
+        return n
+
+    def _decode(self, prompt_ids: Sequence[int], cfg: DecodeConfig, target: CachedLM, drafter: Drafter | None,
+                timings: bool, previous: CachedPrefix | None, state: CachedPrefix) -> Iterator[Block]:
         prompt = [int(t) for t in prompt_ids]
         limit = self.pair.context_limit
         if not prompt:
@@ -132,13 +193,29 @@ class Engine:
         tuner = self.tuner_for(cfg)
         now = _clock(target.device, sync=timings or tuner is not None)
 
-        # Step 0. Prefill: every prompt token but the last; the last becomes the first root.
+        # Step 0. Prefill: every prompt token but the last; the last becomes the first root. With a cached
+        # prefix, the caches are truncated to the shared prefix and only the rest is prefilled.
         t0 = now()
+        context = prompt[:-1]
         # A static cache holds the whole generation plus one tree of scratch rows (padded for static shapes).
-        target.reset(capacity=min(len(prompt) + cfg.max_new_tokens, limit) + padded_size(cfg.v_max + 1) + 2)
-        pre = target.prefill(prompt[:-1])
+        capacity = min(len(prompt) + cfg.max_new_tokens, limit) + padded_size(cfg.v_max + 1) + 2
+        reused = self._reusable(previous, state, context, capacity)
+        if reused:
+            target.truncate(reused)
+            if drafter is not None:
+                drafter.truncate(reused)
+        else:
+            target.reset(capacity=capacity)
+        pre = target.prefill(context[reused:])
         if drafter is not None:
-            drafter.reset(prompt[:-1], pre.hidden if pre is not None else None)
+            hidden = pre.hidden if pre is not None else None
+            if reused:
+                drafter.advance(context[reused:], hidden)
+            else:
+                drafter.reset(context, hidden)
+        state.target_ids = list(context)
+        state.drafter_ids = list(context)
+        state.reused = reused
         root = prompt[-1]
         prefill_ms = (now() - t0) * 1e3
         new = 0
@@ -180,6 +257,7 @@ class Engine:
 
             # Step 7. Commit: keep exactly root + accepted nodes in the target cache; resync the drafter.
             target.commit([0] + [i + 1 for i in path])
+            state.target_ids += [root] + [tree.tokens[i] for i in path]
             branch0 = _branch0_chain(tree)
             a0 = common_prefix(path, branch0)
             resync_nodes = path if cfg.resync else [branch0[d] if d < len(branch0) else path[d]
@@ -188,6 +266,7 @@ class Engine:
             if drafter is not None:
                 hidden = fwd.hidden[[0] + [i + 1 for i in resync_nodes]] if fwd.hidden is not None else None
                 drafter.advance([root] + resync_tokens, hidden)
+                state.drafter_ids += [root] + resync_tokens
             t_commit = now()
 
             emitted = [tree.tokens[i] for i in path] + [bonus]
@@ -205,11 +284,13 @@ class Engine:
                 resync=Resync(mode=("winner" if cfg.resync else "branch0") if drafter is not None else "none",
                               tokens=tuple(resync_tokens)),
                 timings=Timings(prefill_ms=prefill_ms if index == 0 else 0.0,
+                                prefill_tokens=len(context) - reused if index == 0 else 0,
+                                reused_tokens=reused if index == 0 else 0,
                                 # re-drafting repair suffixes is drafter compute: it counts as draft time
                                 draft_ms=(t_tree - t_draft) * 1e3 + plan.redraft_ms,
                                 tree_ms=(t_tree_end - t_tree) * 1e3 - plan.redraft_ms,
                                 verify_ms=(t_verify - t_tree_end) * 1e3, commit_ms=(t_commit - t_verify) * 1e3),
-                stop=stop, meta=self._budget_meta(tuner, budget))
+                stop=stop, meta=self._budget_meta(tuner, budget, cfg))
             if tuner is not None:
                 tuner.observe(block, budget)
             yield block
@@ -220,10 +301,18 @@ class Engine:
             root = bonus
 
     @staticmethod
-    def _budget_meta(tuner: BudgetTuner | None, budget: int) -> dict:
+    def _budget_meta(tuner: BudgetTuner | None, budget: int, cfg: DecodeConfig) -> dict:
         if tuner is None:
             return {}
-        return {"v_max": budget, "predicted_speedup": tuner.last_prediction, "tuning": tuner.last_phase}
+        meta = {"v_max": budget, "predicted_speedup": tuner.last_prediction, "tuning": tuner.last_phase}
+        if budget == 0:
+            # What budget 0 was chosen over (Block.no_draft_reason), with the fixed settings that force it:
+            # a budget below K-1 is a shorter block (K = budget + 1), as the tuner runs it.
+            best = tuner.best_tree()
+            meta["best_tree"] = None if best is None else {
+                "v_max": best[0], "k": best[0] + 1 if best[0] < cfg.depth else None,     # None: the K set
+                "predicted_speedup": round(best[1], 4)}
+        return meta
 
 
 

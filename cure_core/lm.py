@@ -282,6 +282,17 @@ class CachedLM:
         """Drop every scratch node."""
         self.commit([])
 
+    @torch.inference_mode()
+    def truncate(self, n: int) -> None:
+        """Keep the first n committed rows (a prefix of the context, both KV layouts) and drop the rest and
+        every scratch row: K/V rows depend only on the tokens before them, so the kept rows are exactly
+        what a fresh prefill of those n tokens would write (the cross-turn cache, engine.py)."""
+        if not 0 <= n <= self.committed:
+            raise ValueError(f"truncate({n}): the cache holds {self.committed} committed rows")
+        self.rollback()
+        self._crop(n)
+        self.committed = n
+
     def _grow(self, rows: int) -> None:
         """Static rows without static shapes (drafters; a target whose caller sized it too small):
         reallocate to max(rows, 2 x capacity) and copy the rows in use, so growth costs O(1) per row."""

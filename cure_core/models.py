@@ -21,6 +21,7 @@ from .drafters.dflash import DFlashModel, drafter_from_model, is_dflash_config, 
 from .drafters.vocab import lowest_ids
 from .engine import Engine, ModelPair
 from .errors import ModelLoadError
+from .progress import phase
 from .prompt_text import check_text
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
@@ -46,7 +47,9 @@ class LoadedPair:
     config: DecodeConfig = field(default_factory=DecodeConfig)   # what generate() runs unless told otherwise
     draft_vocab: int = 0          # causal drafters' fixed id count (0: the whole vocabulary)
     chat: bool | None = None      # chat template for text prompts; None: when the tokenizer has one
+    thinking: bool | None = None  # the template's enable_thinking; None: its default (cure_core/thinking.py)
     notes: tuple[str, ...] = ()   # what the defaults changed (e.g. a strategy that cannot run here)
+    warnings: tuple[str, ...] = ()   # choices that will cost speed (e.g. thinking against the drafter's training)
     _engine: Engine | None = field(default=None, repr=False)
 
     @property
@@ -61,7 +64,7 @@ class LoadedPair:
         unless `chat` (or the pair's `chat`) says raw."""
         chat = chat if chat is not None else self.chat
         use = chat if chat is not None else bool(getattr(self.tokenizer, "chat_template", None))
-        return encode_prompt(self.tokenizer, prompt, use, history=history)
+        return encode_prompt(self.tokenizer, prompt, use, history=history, thinking=self.thinking)
 
     def config_for(self, **changes) -> DecodeConfig:
         """The default config with some fields changed (e.g. strategy, max_new_tokens)."""
@@ -106,15 +109,16 @@ def load_model(name: str, device: str = "cpu", dtype: str = "float32", device_ma
     kwargs = dict(dtype=DTYPES[dtype], local_files_only=True)
     if device_map:
         kwargs["device_map"] = device_map          # accelerate spreads a large target over devices
-    try:
-        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-    except Exception as e:  # noqa: BLE001
-        raise ModelLoadError(f"could not load {name!r}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
-    if not device_map:
+    with phase(f"loading {name} ({dtype}, {device_map or device})"):
         try:
-            model = model.to(device)
-        except (RuntimeError, AssertionError) as e:
-            raise ModelLoadError(f"cannot move {name!r} to device {device!r}: {str(e).splitlines()[0]}") from None
+            model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        except Exception as e:  # noqa: BLE001
+            raise ModelLoadError(f"could not load {name!r}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+        if not device_map:
+            try:
+                model = model.to(device)
+            except (RuntimeError, AssertionError) as e:
+                raise ModelLoadError(f"cannot move {name!r} to device {device!r}: {str(e).splitlines()[0]}") from None
     return model.eval(), path
 
 
@@ -212,7 +216,8 @@ def load_pair(target: str, draft: str | None = None, *, drafter: str = "auto", m
         if drafter not in ("auto", "dflash"):
             raise ModelLoadError(f"{draft!r} is a DFlash drafter, not a causal LM; use `drafter` dflash (or auto)")
         check_tokenizers_match(tok, load_tokenizer(dfolder, required=False), draft)
-        dmodel, dflash_vocab = load_dflash_model(dfolder, tmodel)
+        with phase(f"loading the DFlash drafter {draft}"):
+            dmodel, dflash_vocab = load_dflash_model(dfolder, tmodel)
     elif draft:
         dmodel, dpath = load_model(draft, draft_device, dtype)
         check_tokenizers_match(tok, load_tokenizer(dpath, required=False), draft)
@@ -284,19 +289,25 @@ def apply_kernels(kernels: str, models: list) -> bool:
     except ValueError as e:
         raise ModelLoadError(str(e)) from None
     if use:
-        for m in models:
-            pack_linears(m)
+        with phase("packing the weights for oneDNN (--kernels packed)", total=len(models)) as update:
+            for i, m in enumerate(models):
+                pack_linears(m)
+                update(i + 1)
     return use
 
 
-def encode_prompt(tokenizer, text: str, chat: bool, history: list[dict] | None = None) -> list[int]:
-    """Chat template (with the generation prompt) or raw text -> token ids."""
+def encode_prompt(tokenizer, text: str, chat: bool, history: list[dict] | None = None,
+                  thinking: bool | None = None) -> list[int]:
+    """Chat template (with the generation prompt) or raw text -> token ids. `thinking` (True / False) goes
+    to the template as `enable_thinking` where it has that switch; None keeps the template's default."""
     check_text(text)                # one clear error for bytes that are not UTF-8 (prompt_text.py)
     if chat:
         if not getattr(tokenizer, "chat_template", None):
             raise ModelLoadError("this tokenizer has no chat template; send raw text (`chat`=False)")
+        from .thinking import template_has_switch
         messages = list(history or []) + [{"role": "user", "content": text}]
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        extra = {"enable_thinking": thinking} if thinking is not None and template_has_switch(tokenizer) else {}
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **extra)
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
             ids = ids["input_ids"]
         return list(ids)

@@ -82,6 +82,9 @@ class EngineArgs:
     chat: bool | None = _opt("--chat/--raw", default=None, kind=bool, help=(
         "Wrap prompts in the chat template (default when the tokenizer has one; bench: raw for completion-style "
         "tasks) or send raw text."))
+    thinking: bool | None = _opt("--thinking/--no-thinking", default=None, kind=bool, help=(
+        "Qwen3-style templates: enable_thinking on or off. Default: what the drafter declares (config or model "
+        "card); else off for a DFlash drafter (the published ones are non-thinking); else the template's default."))
 
     # ---- resolution (each rule once) ----
 
@@ -123,6 +126,12 @@ class EngineArgs:
     def flags() -> dict[str, str]:
         """field name -> its main CLI flag (errors from the core name fields; the CLI shows flags)."""
         return {f.name: f.metadata["flags"][0].split("/")[0] for f in fields(EngineArgs)}
+
+    @staticmethod
+    def switches() -> dict[str, tuple[str, str]]:
+        """field name -> (on flag, off flag) of the --x/--no-x pairs."""
+        return {f.name: tuple(f.metadata["flags"][0].split("/")) for f in fields(EngineArgs)
+                if "/" in f.metadata["flags"][0]}
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser, exclude: Sequence[str] = (), **defaults) -> None:

@@ -21,6 +21,14 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+# Qwen3's rule, in small: the template thinks unless `enable_thinking` is false, in which case the
+# assistant turn opens with an empty think block (the model then answers directly).
+QWEN3_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}"
+    "{% endif %}"
+)
 
 
 def tiny_config(vocab_size: int = BYTE_VOCAB, layers: int = 2, hidden: int = 64, heads: int = 4,
@@ -53,8 +61,9 @@ def perturbed_copy(model: torch.nn.Module, noise: float = 0.3, seed: int = 1) ->
     return draft.eval()
 
 
-def byte_tokenizer():
-    """A byte-level PreTrainedTokenizerFast with <|im_start|>/<|im_end|> specials and a chat template."""
+def byte_tokenizer(chat_template: str = CHAT_TEMPLATE):
+    """A byte-level PreTrainedTokenizerFast with <|im_start|>/<|im_end|> specials and a chat template
+    (QWEN3_CHAT_TEMPLATE: one with Qwen3's thinking switch)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -70,7 +79,7 @@ def byte_tokenizer():
     tok.decoder = decoders.ByteLevel()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                                    additional_special_tokens=["<|im_start|>", "<|mask|>"])
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = chat_template
     return fast
 
 

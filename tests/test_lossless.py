@@ -231,6 +231,9 @@ def test_blocks_without_a_draft_keep_the_drafter_in_sync(target, strategy, monke
         def observe(self, block, budget):
             pass
 
+        def best_tree(self):                           # what budget 0 was chosen over: nothing measured
+            return None
+
     monkeypatch.setattr(Engine, "_make_tuner", lambda self, cfg: Alternate())
     if strategy == "sd":
         pair = ModelPair(target=target, ar_drafter=ArDrafter(target, vocab_size=BYTE_VOCAB))

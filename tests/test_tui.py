@@ -106,9 +106,10 @@ async def test_chat_replay_streams_text_and_draws_tree(sample, tok):
         turn = app.turns[0]
         assert turn.status == "done" and len(turn.blocks) == 22
         ids = [t for b in sample.blocks for t in b.emitted]
-        shown = plain(turn.view)
+        shown = plain(turn.view.answer)
         assert shown.startswith(engine.tokens.display(ids))          # every token streamed, in order
-        assert "[cure · 40 tokens · 22 blocks]" in shown
+        assert "[cure · 40 tokens · 22 blocks]" in plain(turn.view.note)
+        assert turn.view.markdown.source == turn.answer.text          # the Markdown view: the whole answer
         # the tree, margins and stats follow the latest block
         assert app.query_one(RepairTree).block is sample.blocks[-1]
         assert "block 21" in tree_text(app) and "no draft tree" in tree_text(app)   # max_new_tokens: no room
@@ -126,8 +127,9 @@ async def test_chat_replay_streams_text_and_draws_tree(sample, tok):
         assert "block 19" in tree_text(app) and "b0" in tree_text(app) and "r1" in tree_text(app)
         await pilot.press("ctrl+l")
         assert app.selected is None and app.query_one(RepairTree).block is sample.blocks[-1]
-        # clicking a token selects its block
-        await pilot.click(turn.view, offset=(0, 0))
+        # clicking a token (answers coloured by origin: ctrl+b) selects its block
+        await pilot.press("ctrl+b")
+        await pilot.click(turn.view.answer, offset=(0, 0))
         assert app.selected == 0 and app.query_one(RepairTree).block is sample.blocks[0]
         app.action_select_block(REPAIR_WINS[0])
         await pilot.pause()
@@ -178,7 +180,7 @@ async def test_chat_stop_mid_answer(sample, tok):
             await wait_until(pilot, lambda: not app.generating)
             turn = app.turns[turn_no]
             assert turn.status == "stopped" and len(turn.blocks) == 3
-            assert "[stopped · " in plain(turn.view)
+            assert "[stopped · " in plain(turn.view.note)
             assert app.messages[-1]["role"] == "assistant"          # the partial answer stays in the history
         assert len(app.messages) == 4 and app.is_running
 
@@ -220,7 +222,7 @@ async def test_chat_errors_are_shown_not_raised(target, drafts, tok):
         await ask(pilot, app, "a prompt longer than eight tokens")
         turn = app.turns[0]
         assert turn.status == "error"
-        assert "error: the prompt is" in plain(turn.view)
+        assert "error: the prompt is" in plain(turn.view.note)
         assert app.messages == []                                     # the failed question left the history
         assert app.is_running
 
@@ -237,7 +239,7 @@ async def test_chat_error_mid_stream_keeps_partial_answer(sample, tok):
     async with app.run_test(size=(80, 24)) as pilot:
         await ask(pilot, app, "x")
         assert app.turns[0].status == "error" and len(app.turns[0].blocks) == 1
-        assert "error: the drafter fell over" in plain(app.turns[0].view)
+        assert "error: the drafter fell over" in plain(app.turns[0].view.note)
 
 
 async def test_settings_validate_and_apply(sample, tok):

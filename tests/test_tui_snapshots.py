@@ -44,6 +44,7 @@ def test_chat_after_one_answer(snap_compare, tok):
     async def run_before(pilot):
         await one_answer(pilot)
         await pilot.press(*["ctrl+up"] * 6)          # select block 15 (a repair win): tree, margins, stats follow
+        await pilot.press("ctrl+b")                  # the answer coloured by origin, the selected block reversed
     assert snap_compare(chat_app(tok), terminal_size=(80, 24), run_before=run_before)
 
 

@@ -36,7 +36,7 @@ class InspectApp(App):
     #side { width: 1fr; min-width: 30; }
     RepairTree { height: 1fr; scrollbar-size: 1 1; }
     MarginsChart { height: 6; }
-    StatsPanel { height: 6; }
+    StatsPanel { height: 7; }
     """
     BINDINGS = [
         Binding("n,right,j,space", "step(1)", "Next", tooltip="Next block"),
@@ -87,7 +87,7 @@ class InspectApp(App):
     def on_resize(self) -> None:
         tall = self.size.height >= 40
         self.query_one(MarginsChart).styles.height = 10 if tall else 6
-        self.query_one(StatsPanel).styles.height = 8 if tall else 6
+        self.query_one(StatsPanel).styles.height = 8 if tall else 7
 
     # ---- drawing ----
     @property

@@ -28,12 +28,13 @@ class ChatEngine(Protocol):
     models: dict          # trace header "models" (target/draft names)
     tokens: TokenText     # token ids -> readable text (the target's tokenizer, or ids)
     calibration_note: str  # where calibrate()'s AR baseline comes from, for the Stats panel
+    thinking: bool | None  # the chat template's enable_thinking choice (None: its default), saved with chats
 
     def encode(self, messages: Sequence[Message]) -> list[int]:
         """The prompt ids for a conversation whose last message is the user's new turn."""
 
     def stream(self, messages: Sequence[Message], cfg: DecodeConfig) -> Iterator[Block]:
-        """Blocks of the answer to the conversation, as they are accepted."""
+        """Blocks of the answer to the conversation, as they are accepted (closing it stops between blocks)."""
 
     def decode(self, ids: Sequence[int]) -> str:
         """Answer text for the chat history (specials dropped)."""
@@ -46,7 +47,8 @@ class ChatEngine(Protocol):
 
 
 class ModelEngine:
-    """The real thing: the loaded pair's one `Engine` (its budget tuners carry over from turn to turn)."""
+    """The real thing: the loaded pair's one `Engine` (its budget tuners carry over from turn to turn, and
+    each turn reuses the KV rows and drafter state the last one left: only its new tokens are prefilled)."""
 
     def __init__(self, loaded, chat: bool | None = None, calibration_prompt: str = "Hello"):
         self.loaded = loaded
@@ -60,17 +62,16 @@ class ModelEngine:
         self.label = names.get("target", "target") + (f" ← {names['draft']}" if names.get("draft") else "")
         self.calibration_prompt = calibration_prompt
         self.calibration_note = "measured at start-up"
+        self.thinking = getattr(loaded, "thinking", None)
         self._lock = threading.Lock()   # one generation at a time: drafters keep state
 
     def encode(self, messages: Sequence[Message]) -> list[int]:
-        from cure_core.models import encode_prompt
-        tok = self.loaded.tokenizer
         if not messages:
             raise CureError("nothing to answer: the conversation is empty")
-        if self.chat:
-            return encode_prompt(tok, messages[-1]["content"], True, history=list(messages[:-1]))
+        if self.chat:      # the pair's encoding: its chat template, with its thinking choice
+            return self.loaded.encode(messages[-1]["content"], history=list(messages[:-1]), chat=True)
         # No chat template: the raw turns, one after another.
-        return encode_prompt(tok, "".join(m["content"] for m in messages), False)
+        return self.loaded.encode("".join(m["content"] for m in messages), chat=False)
 
     def check(self, cfg: DecodeConfig) -> DecodeConfig:
         self.pair.drafter_for(cfg.strategy)          # ConfigError if the strategy has no drafter
@@ -79,7 +80,7 @@ class ModelEngine:
     def stream(self, messages: Sequence[Message], cfg: DecodeConfig) -> Iterator[Block]:
         ids = self.encode(messages)
         with self._lock:
-            gen = self.loaded.engine.generate(ids, cfg)
+            gen = self.loaded.engine.generate(ids, cfg, reuse_prefix=True)     # the cross-turn cache
             try:
                 yield from gen
             finally:
@@ -115,6 +116,7 @@ class ReplayEngine:
         self.label = "replay of " + (self.models.get("target") or "a trace") + (f" ← {draft}" if draft else "")
         self.delay = delay
         self.calibration_note = "the trace's ar run"
+        self.thinking = self.trace.header.get("thinking")
         self._next = 0
         self._lock = threading.Lock()
 

@@ -69,3 +69,26 @@ class CalibrationDone(Message):
         super().__init__()
         self.ar_tps = ar_tps
         self.error = error
+
+
+class CompareProgress(Message):
+    """High-rate tick of a comparison re-run: `tokens` emitted so far (replaceable)."""
+
+    def __init__(self, turn: int, tokens: int) -> None:
+        super().__init__()
+        self.turn = turn
+        self.tokens = tokens
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, CompareProgress) and message.turn == self.turn
+
+
+class CompareFinished(Message):
+    """A comparison re-run ended: its blocks, and "done" / "stopped" / "error" (with a one-line message)."""
+
+    def __init__(self, turn: int, blocks: list[Block], reason: str, error: str | None = None) -> None:
+        super().__init__()
+        self.turn = turn
+        self.blocks = blocks
+        self.reason = reason
+        self.error = error

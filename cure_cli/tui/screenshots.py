@@ -67,6 +67,7 @@ async def shoot(trace_path: Path, tokenizer, out_dir: Path, size: tuple[int, int
         await pilot.pause()
         if wins:
             chat.action_select_block(wins[-1])
+        chat.action_toggle_origins()                      # the answer coloured by origin, the block reversed
         await pilot.pause()
         chat.save_screenshot("chat.svg", str(out_dir))
     inspect = InspectApp(trace, tokenizer, source=str(trace_path), start=wins[0] if wins else 0)

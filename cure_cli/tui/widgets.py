@@ -8,6 +8,7 @@ accepted / rejected / unreached nodes carry ✓ / ✗ / ·, the winning branch a
 from __future__ import annotations
 
 import math
+import textwrap
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -22,6 +23,8 @@ from textual.widgets import Input, Label, Static
 
 from cure_core.block import Block
 from cure_core.metrics import summarize
+
+from ..options import with_flags
 
 from .tokens import PieceStream, TokenText
 
@@ -72,6 +75,11 @@ class AnswerText:
             piece = self.stream.push(tok)
             if piece:
                 self.pieces.append((piece, origin, key))
+
+    @property
+    def text(self) -> str:
+        """The answer so far as plain text (the Markdown view's source)."""
+        return "".join(piece for piece, _, _ in self.pieces)
 
     def finish(self) -> None:
         rest = self.stream.flush()
@@ -134,6 +142,9 @@ def branch_name(b: int) -> str:
     return "b0" if b == 0 else f"r{b}"
 
 
+REASON_WIDTH = 40          # columns a no-draft reason wraps at in the tree panel
+
+
 def render_tree(block: Block | None, tokens: TokenText, cell: int = 8) -> Text:
     """Branch 0 and each repair branch as columns, depth as rows; ✓ accepted (bold), ✗ rejected,
     · not reached (dim); the winner's column ★; UFP rows ◆ with margin and budget."""
@@ -152,8 +163,9 @@ def render_tree(block: Block | None, tokens: TokenText, cell: int = 8) -> Text:
     t.append(" +bonus ")
     t.append(lab(block.bonus, 12), ORIGIN_STYLES["bonus"])
     if not block.nodes:
-        why = "ar drafts nothing" if block.strategy == "ar" else "no room left to draft"
-        t.append(f"\nno draft tree: {why}", Style(dim=True))
+        # the panel scrolls sideways (no wrap): a reason in words is wrapped here, to a narrow panel's width
+        reason = textwrap.wrap(f"no draft tree: {with_flags(block.no_draft_reason)}", REASON_WIDTH)
+        t.append("\n" + "\n".join(reason), Style(dim=True))
         return t
     if winner is not None:
         won = block.repair_won
@@ -267,7 +279,7 @@ def render_margins(block: Block | None, tau: float, width: int, height: int) -> 
     t = Text(no_wrap=True, overflow="crop")
     if block is None or not block.margins:
         why = ("no block yet" if block is None else "ar: no draft margins" if block.strategy == "ar"
-               else "no draft margins: no room left to draft")
+               else f"no draft margins: {with_flags(block.no_draft_reason or 'none recorded')}")
         t.append(why, Style(dim=True))
         return t
     margins = list(block.margins)
@@ -397,11 +409,23 @@ def stats_view(blocks: Sequence[Block], latest: Block | None, session: Sequence[
              ("vs AR", speed),
              ("τ", (f"{len(latest.emitted)}" if latest else "-") + (f" avg {mean.tau:.2f}" if mean else "")),
              ("wins", f"{mean.repair_win_rate:.0%}" if mean else "-"),
-             ("V", f"{mean.mean_tree_size:.1f}" if mean else "-")]
+             ("V", f"{mean.mean_tree_size:.1f}" if mean else "-"),
+             ("prefill", prefill_text(blocks[0]) if blocks and blocks[0].index == 0 else "-")]
     ar = f"AR {fmt_rate(ar_tps)} tok/s" if ar_tps else "AR baseline unknown"
     ar_note = f"{ar} ({ar_note})" if ar_note else ar
     spark = session if spark is None else spark
     return StatsView(items=items, taus=[float(len(b.emitted)) for b in spark], highlight=highlight, note=ar_note)
+
+
+def prefill_text(first: Block) -> str:
+    """A generation's prefill (its first block's timings): time, tokens forwarded, tokens the cache gave."""
+    t = first.timings
+    text = f"{t.prefill_ms:.0f}ms"
+    if t.prefill_tokens or t.reused_tokens:
+        text += f" {t.prefill_tokens} tok"
+    if t.reused_tokens:
+        text += f" +{t.reused_tokens} cached"
+    return text
 
 
 class StatsPanel(Widget):

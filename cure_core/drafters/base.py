@@ -11,7 +11,9 @@ One block's calls, in order:
                                holds the target's hidden states at those positions for drafters
                                conditioned on the target (`target_layers` says which layers).
 `reset(context, hidden)` starts a generation: `context` is every prompt token but the last, which
-becomes the first root.
+becomes the first root. `truncate(n)` instead keeps the first n context tokens of the state a previous
+generation left (everything given through reset + advance), so a chat turn that extends the last one
+only `advance`s by its new tokens (Engine.generate(..., reuse_prefix=True)).
 """
 from __future__ import annotations
 
@@ -39,6 +41,8 @@ class Drafter(Protocol):
     block_size: int | None           # the block K it was trained to draft (root included); None = any K
 
     def reset(self, context: Sequence[int], hidden: torch.Tensor | None) -> None: ...
+
+    def truncate(self, n: int) -> None: ...
 
     def propose(self, root: int, n: int, top_k: int) -> Proposal: ...
 

@@ -36,6 +36,7 @@ class _CausalDrafter:
         self.lm = CachedLM(model, kv="static", capacity=256, head=self.vocab is None)
         self.pending: list[int] = []
         self.root_fed = False           # propose() put this block's root in the cache
+        self.context: list[int] = []    # every token given by reset + advance: the cache's rows, then pending
 
     def _logits(self, logits: torch.Tensor) -> torch.Tensor:
         return logits[..., : self.vocab_size] if self.vocab_size else logits
@@ -54,15 +55,34 @@ class _CausalDrafter:
     def reset(self, context: Sequence[int], hidden: torch.Tensor | None = None) -> None:
         self.lm.reset()
         self.pending = list(context)
+        self.context = list(context)
         self.root_fed = False
         if self.vocab is not None:
             self.vocab.reset()
             self.vocab.add(context)
 
+    def truncate(self, n: int) -> None:
+        """Keep the first n context tokens: cached rows cropped, pending tokens cut; the vocabulary's context
+        ids rebuilt from what is kept (as reset would have added them)."""
+        if not 0 <= n <= len(self.context):
+            raise ValueError(f"truncate({n}): the drafter holds {len(self.context)} context tokens")
+        held = self.lm.committed
+        if n <= held:
+            self.lm.truncate(n)
+            self.pending = []
+        else:
+            self.pending = self.pending[: n - held]
+        self.context = self.context[:n]
+        self.root_fed = False
+        if self.vocab is not None:
+            self.vocab.reset()
+            self.vocab.add(self.context)
+
     def advance(self, tokens: Sequence[int], hidden: torch.Tensor | None = None) -> None:
         # tokens[0] is the root: in the cache if propose() ran this block (a block can skip drafting:
         # budget 0, or no room left); everything not in the cache is fed at the front of the next pass.
         self.pending = list(tokens[1:]) if self.root_fed else self.pending + list(tokens)
+        self.context.extend(int(t) for t in tokens)
         self.root_fed = False
         if self.vocab is not None:
             self.vocab.add(tokens)

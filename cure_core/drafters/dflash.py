@@ -238,10 +238,26 @@ class DFlashDrafter:
     def reset(self, context: Sequence[int], hidden: torch.Tensor | None) -> None:
         self._len = 0
         self._pending: list[torch.Tensor] = []
+        self._context: list[int] = []          # the tokens of the context rows (projected, then pending)
         if self.vocab is not None:
             self.vocab.reset()
         if len(context):
             self.advance(context, hidden)
+
+    def truncate(self, n: int) -> None:
+        """Keep the first n context rows (projected or pending), drop the rest; the vocabulary's context ids
+        are rebuilt from the kept tokens. Context rows depend only on their own token's target features
+        and position, so the kept ones are exactly a fresh reset's."""
+        if not 0 <= n <= len(self._context):
+            raise ValueError(f"truncate({n}): the drafter holds {len(self._context)} context rows")
+        if n <= self._len:
+            self._len, self._pending = n, []
+        else:
+            self._pending = [torch.cat(self._pending)[: n - self._len]]
+        self._context = self._context[:n]
+        if self.vocab is not None:
+            self.vocab.reset()
+            self.vocab.add(self._context)
 
     def advance(self, tokens: Sequence[int], hidden: torch.Tensor | None) -> None:
         """tokens = [anchor] + accepted path; their target features join the context. Lazily: rows are
@@ -258,6 +274,7 @@ class DFlashDrafter:
             raise ValueError(f"hidden rows have width {hidden.shape[-1]}; the drafter's fc expects "
                              f"{self.model.fc.in_features} ({len(self.target_layer_ids)} target layers)")
         self._pending.append(hidden)
+        self._context.extend(int(t) for t in tokens)
         if self.vocab is not None:
             self.vocab.add(tokens)
 
