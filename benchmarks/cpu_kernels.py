@@ -26,7 +26,9 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 import torch  # noqa: E402
 
 from cure_core.cpu_kernels import pack_linears, unavailable_reason  # noqa: E402
+from cure_core.embedded import DEFAULT_TARGET  # noqa: E402
 from cure_core.lm import CachedLM  # noqa: E402
+from cure_core.options import EngineArgs  # noqa: E402
 
 
 def forward_ms(lm: CachedLM, n: int, gen: torch.Generator) -> float:
@@ -64,13 +66,13 @@ def measure(models: dict, sizes: list[int], ctx_len: int, reps: int) -> dict:
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--target", default="qwen-coder-0.5b", help="model alias, folder or HF id (float32)")
     ap.add_argument("--tiny", action="store_true", help="a tiny random model built in-process")
     ap.add_argument("--sizes", default="1,2,4,8,16,32", help="node counts (root included); the first is the base")
     ap.add_argument("--ctx", type=int, default=256, help="context tokens before the tree")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--out", type=Path, default=None, help="write the JSON here")
+    EngineArgs.add_cli_args(ap, only=("target",))
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -80,8 +82,8 @@ def main(argv=None) -> dict:
         eager, name = tiny_target(seed=0), "tiny"
     else:
         from cure_core.models import load_model
-        eager, _ = load_model(args.target)
-        name = args.target
+        name = args.target or DEFAULT_TARGET                 # float32: this measures float32 kernels
+        eager, _ = load_model(name)
     why = unavailable_reason(eager)
     if why:
         raise SystemExit(f"cannot pack {name}: {why}")

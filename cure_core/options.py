@@ -134,10 +134,12 @@ class EngineArgs:
                 if "/" in f.metadata["flags"][0]}
 
     @staticmethod
-    def add_cli_args(parser: argparse.ArgumentParser, exclude: Sequence[str] = (), **defaults) -> None:
-        """The same options on an argparse parser (benchmark scripts), `defaults` overriding ours."""
+    def add_cli_args(parser: argparse.ArgumentParser, exclude: Sequence[str] = (), only: Sequence[str] | None = None,
+                     **defaults) -> None:
+        """The same options on an argparse parser (benchmark scripts): all of them, or those in `only`;
+        never those in `exclude`; `defaults` override ours."""
         for f in fields(EngineArgs):
-            if f.name in exclude:
+            if f.name in exclude or (only is not None and f.name not in only):
                 continue
             meta, default = f.metadata, defaults.get(f.name, f.default)
             names = meta["flags"]

@@ -221,7 +221,7 @@ def test_blocks_without_a_draft_keep_the_drafter_in_sync(target, strategy, monke
 
     class Alternate:                                   # budgets 0, 4, 0, 4, ...
         def __init__(self):
-            self.n, self.last_prediction = 0, None
+            self.n, self.last_prediction, self.last_phase = 0, None, "settled"
             self.candidates = [0, 4]
 
         def choose(self):
