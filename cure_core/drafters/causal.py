@@ -127,6 +127,7 @@ class PardDrafter(_CausalDrafter):
                  draft_vocab: torch.Tensor | None = None):
         super().__init__(model, vocab_size, draft_vocab, mask_token_id)   # a vocabulary never holds the mask
         self.mask_token_id = int(mask_token_id)
+        self.block_size = getattr(model.config, "pard_block_size", None)   # trained block (adapted drafters)
 
     def _logits(self, logits: torch.Tensor) -> torch.Tensor:
         logits = super()._logits(logits).clone()

@@ -1,8 +1,10 @@
-"""The training loop shared by both drafter kinds: seeded batches, AdamW with warmup + cosine decay,
-periodic atomic checkpoints and --resume.
+"""The training loop shared by every drafter kind: seeded batches, AdamW with warmup + cosine decay,
+periodic atomic checkpoints (checkpoint.py) and --resume.
 
 Every step's batch (chunks and anchors) comes from a generator seeded by (seed, step), so a run resumed
-from a checkpoint sees exactly the batches an uninterrupted run would have seen.
+from a checkpoint sees exactly the batches an uninterrupted run would have seen. Each process that
+trains is a stretch: its steps and minutes go into the checkpoint, so a run resumed on another machine
+still knows every stretch before it.
 """
 from __future__ import annotations
 
@@ -14,10 +16,10 @@ from typing import Callable
 
 import torch
 
+from . import checkpoint as ckpt
 from .features import FeatureSet
-from .io import atomic_torch_save
 
-CKPT = "checkpoint/state.pt"
+CKPT_DIR = "checkpoint"
 
 
 @dataclass
@@ -83,31 +85,36 @@ def batch_generator(spec: TrainSpec, step: int) -> torch.Generator:
 
 def train(model: torch.nn.Module, step_fn: Callable, fs: FeatureSet, spec: TrainSpec, out: Path,
           resume: bool = False, on_step: Callable | None = None, log: Callable = print) -> dict:
-    """step_fn(chunk_ids, gen) -> (loss, stats). Returns the history summary."""
-    params = [p for p in model.parameters() if p.requires_grad]
+    """step_fn(chunk_ids, gen) -> (loss, stats). Returns the history summary and the stretches."""
+    params = [p for _, p in ckpt.trainable(model)]
     opt = torch.optim.AdamW(params, lr=spec.lr, weight_decay=spec.weight_decay, betas=(0.9, 0.95))
-    step, history = 0, []
-    ck = out / CKPT
-    if resume and ck.exists():
-        st = torch.load(ck, map_location="cpu", weights_only=False)
-        model.load_state_dict(st["model"])
-        opt.load_state_dict(st["optim"])
-        step, history = int(st["step"]), list(st["history"])
-        log(f"resumed from {ck} at step {step}")
-    elif resume:
-        log(f"no checkpoint at {ck}: starting from step 0")
+    folder = out / CKPT_DIR
+    state = ckpt.TrainState(spec=asdict(spec))
+    if resume:
+        loaded = ckpt.load(folder, model, opt)
+        if loaded is not None:
+            state = ckpt.TrainState(step=loaded.step, history=loaded.history, stretches=loaded.stretches,
+                                    spec=asdict(spec))
+            log(f"resumed from {folder} at step {state.step}")
+        else:
+            log(f"no checkpoint at {folder}: starting from step 0")
+    t0 = time.monotonic()
+    stretch = ckpt.Stretch(start_step=state.step, end_step=state.step, minutes=0.0,
+                           started=time.strftime("%Y-%m-%dT%H:%M:%S%z"), threads=torch.get_num_threads())
+    state.stretches.append(stretch)
 
     def save():
-        atomic_torch_save(ck, {"step": step, "model": model.state_dict(), "optim": opt.state_dict(),
-                               "history": history, "spec": asdict(spec)})
+        stretch.end_step = state.step
+        stretch.minutes = round((time.monotonic() - t0) / 60, 2)
+        ckpt.save(folder, model, opt, state)
 
-    t0 = time.monotonic()
     model.train()
-    stopped = "steps"
-    while step < spec.steps:
+    stretch.stopped_by = "running"
+    while state.step < spec.steps:
         if spec.max_minutes is not None and time.monotonic() - t0 > spec.max_minutes * 60:
-            stopped = "time"
+            stretch.stopped_by = "time"
             break
+        step = state.step
         gen = batch_generator(spec, step)
         chunk_ids = torch.randint(len(fs), (spec.batch,), generator=gen).tolist()
         for g in opt.param_groups:
@@ -119,12 +126,15 @@ def train(model: torch.nn.Module, step_fn: Callable, fs: FeatureSet, spec: Train
             torch.nn.utils.clip_grad_norm_(params, spec.grad_clip)
         opt.step()
         acc = (stats["hits"] / stats["count"].clamp(min=1)).tolist()
-        history.append({"step": step, "loss": float(loss.detach()), "acc": [round(a, 4) for a in acc[1:5]]})
-        step += 1
+        state.history.append({"step": step, "loss": float(loss.detach()), "acc": [round(a, 4) for a in acc[1:5]]})
+        state.step += 1
         if on_step is not None:
-            on_step(step, float(loss.detach()), acc)
-        if spec.checkpoint_every and step % spec.checkpoint_every == 0:
+            on_step(state.step, float(loss.detach()), acc)
+        if spec.checkpoint_every and state.step % spec.checkpoint_every == 0:
             save()
+    if stretch.stopped_by == "running":
+        stretch.stopped_by = "steps"
     save()
     model.eval()
-    return {"steps_done": step, "stopped_by": stopped, "seconds": time.monotonic() - t0, "history": history}
+    return {"steps_done": state.step, "stopped_by": stretch.stopped_by, "seconds": time.monotonic() - t0,
+            "history": state.history, "stretches": [asdict(s) for s in state.stretches]}
