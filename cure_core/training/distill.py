@@ -21,6 +21,9 @@ from .io import atomic_write_text
 from .prompt_mix import PromptSpec
 
 
+WINDOW_BATCHES = 4
+
+
 class CorpusMismatch(ValueError):
     """An existing corpus file was generated with other settings."""
 
@@ -112,11 +115,13 @@ def distill(model, tokenizer, specs: Sequence[PromptSpec], new_tokens: int, path
         lines = [json.dumps({"meta": meta})] + [json.dumps(r, ensure_ascii=False) for r in recs]
         atomic_write_text(path, "\n".join(lines) + "\n")
 
-    # Rule: batches are fixed slices of the prompts ordered by (token length, index), so rows of a batch
-    # need little padding, and the file only ever holds whole batches: a resumed corpus equals an
-    # uninterrupted one.
+    # Rule: batches are fixed slices of the prompts ordered by window of WINDOW_BATCHES batches, then
+    # token length, then index: rows of a batch need little padding, any prefix of the file mixes every
+    # kind of prompt (the list is shuffled), and the file only ever holds whole batches, so a resumed
+    # corpus equals an uninterrupted one.
     encoded = [encode_spec(tokenizer, p) for p in specs]
-    order = sorted(range(len(specs)), key=lambda i: (len(encoded[i]), i))
+    window = batch * WINDOW_BATCHES
+    order = sorted(range(len(specs)), key=lambda i: (i // window, len(encoded[i]), i))
     for s in range(len(recs), len(specs), batch):
         part = order[s: s + batch]
         texts = generate_batch(model, tokenizer, [encoded[i] for i in part], new_tokens)

@@ -5,6 +5,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import torch
+
 from . import corpus as C
 from .distill import distill
 from .features import FeatureSet, extract
@@ -61,8 +63,9 @@ def build_docs(spec: DataSpec, model=None, tokenizer=None, progress_factory: Cal
 
 
 def prepare_features(spec: DataSpec, model, tokenizer, target_name: str, layer_ids: list[int], folder: Path,
-                     min_len: int, progress_factory=None) -> tuple[FeatureSet, list, list[list[int]]]:
-    """-> (features of the training chunks, held-out docs, training chunks)."""
+                     min_len: int, progress_factory=None, target_pass: bool = True) -> tuple[FeatureSet, list, list[list[int]]]:
+    """-> (features of the training chunks, held-out docs, training chunks). target_pass=False skips the
+    target's forward over the chunks (nothing to cache: no layers, and the labels are the text)."""
     train, held = build_docs(spec, model, tokenizer, progress_factory, corpus_dir=Path(folder).parent / "corpus",
                              target_name=target_name)
     enc = lambda s: tokenizer.encode(s, add_special_tokens=False)   # noqa: E731
@@ -72,5 +75,11 @@ def prepare_features(spec: DataSpec, model, tokenizer, target_name: str, layer_i
     meta = {"target": target_name, "data": asdict(spec), "fingerprint": C.fingerprint(chunks)}
     total = sum(len(c) for c in chunks)
     progress = progress_factory("target features", total) if progress_factory else None
+    if not target_pass:
+        if progress is not None:
+            progress(total)
+        toks = [torch.tensor(c, dtype=torch.long) for c in chunks]
+        # argmax is unused with text labels; the text stands in for it.
+        return FeatureSet(toks, toks, [torch.zeros((len(c), 0), dtype=torch.float16) for c in chunks]), held, chunks
     fs = extract(model, chunks, layer_ids, folder, meta, progress=progress)
     return fs, held, chunks

@@ -124,8 +124,11 @@ def run(opts: RunOptions, progress_factory: Callable, log: Callable = print) -> 
         if min(layer_ids) < 0 or max(layer_ids) >= n_layers:
             raise TrainError(f"--target-layers {layer_ids} must lie in 0..{n_layers - 1}")
 
+    # A PARD drafter on text labels needs nothing from the target's forward (no features, no argmax):
+    # on a self-distilled corpus the text after each prompt is the target's own greedy answer already.
     fs, held, _ = prepare_features(data, target, tok, opts.target, layer_ids, out / "features",
-                                   min_len=spec.block_size + 2, progress_factory=progress_factory)
+                                   min_len=spec.block_size + 2, progress_factory=progress_factory,
+                                   target_pass=spec.kind == "dflash" or spec.labels == "target")
     log(f"features: {len(fs)} chunks, {fs.n_tokens} tokens, layers {layer_ids or '-'}, mask token {mask_id}")
     vocab = int(target.get_output_embeddings().weight.shape[0])
     subset = frequent_labels(fs, spec, vocab, mask_id)
