@@ -157,11 +157,11 @@ def run(opts: RunOptions, progress_factory: Callable, log: Callable = print) -> 
             # The target only labelled the corpus: free it before the base loads (RAM is tight).
             target = None
             from ..models import check_tokenizers_match
-            base, bpath = load_model(opts.pard_base, opts.device, "float32")
+            model, bpath = load_model(opts.pard_base, opts.device, "float32")   # `model` is the only reference
             check_tokenizers_match(tok, load_tokenizer(bpath, required=False), opts.pard_base)
-            if int(base.get_input_embeddings().weight.shape[0]) <= mask_id:
+            if int(model.get_input_embeddings().weight.shape[0]) <= mask_id:
                 raise TrainError(f"the mask token {mask_id} is outside {opts.pard_base}'s vocabulary")
-            model = attach(base, opts.lora_rank, opts.lora_alpha, mask_id)
+            model = attach(model, opts.lora_rank, opts.lora_alpha, mask_id)
         elif opts.pard_init == "shrink":
             model = P.shrink_target(target, spec.layers, mask_id)
             if not opts.pard_train_embeddings:
