@@ -66,14 +66,19 @@ def train_drafter(
     anchors: Annotated[int, typer.Option("--anchors", help="Random anchors (blocks) per chunk.")] = 16,
     seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per corpus chunk.")] = 256,
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="Corpus tokens to extract features for (0 = all).")] = 60000,
-    distill_prompts: Annotated[int, typer.Option("--distill-prompts", help="self-distill: code prompts taken from stdlib function signatures + docstrings.")] = 64,
+    distill_prompts: Annotated[int, typer.Option("--distill-prompts", help="self-distill: how many prompts the target answers.")] = 64,
     distill_tokens: Annotated[int, typer.Option("--distill-tokens", help="self-distill: target greedy tokens per prompt.")] = 128,
+    distill_mix: Annotated[str, typer.Option("--distill-mix", help="self-distill prompts: code (stdlib function signatures + docstrings) | mixed (also code in several languages, explanations, chat requests, math word problems).")] = "code",
+    distill_batch: Annotated[int, typer.Option("--distill-batch", help="self-distill: prompts per batched generate() call.", min=1)] = 16,
     labels: Annotated[str, typer.Option("--labels", help="target: the target's greedy tokens (self-distillation); text: the corpus tokens.")] = "target",
     loss_vocab: Annotated[int, typer.Option("--loss-vocab", help="Softmax over the N most frequent label ids plus the batch's labels (0 = full vocabulary).")] = 16384,
     draft_vocab: Annotated[int, typer.Option("--draft-vocab", help="dflash: save N ids (training labels by frequency, then the lowest ids) as the drafter's draft vocabulary: its head runs over those and the prompt's ids only (0 = the whole vocabulary).")] = 16384,
     gamma: Annotated[float, typer.Option("--gamma", help="Offset i weighs exp(-(i-1)/gamma) in the loss; 0 = equal.")] = 4.0,
     target_layers: Annotated[Optional[str], typer.Option("--target-layers", help="dflash: comma-separated target decoder layers to condition on (default: L/4, L/2, L-2).")] = None,
-    pard_init: Annotated[str, typer.Option("--pard-init", help="pard: shrink (the target with --layers layers) | scratch.")] = "shrink",
+    pard_init: Annotated[str, typer.Option("--pard-init", help="pard: shrink (the target with --layers layers) | scratch | adapt (LoRA + a mask embedding on --pard-base; saves only that delta).")] = "shrink",
+    pard_base: Annotated[Optional[str], typer.Option("--pard-base", help="pard adapt: the causal LM to adapt (an embedded alias or folder sharing the target's tokenizer).")] = None,
+    lora_rank: Annotated[int, typer.Option("--lora-rank", help="pard adapt: LoRA rank on every attention and MLP projection.")] = 8,
+    lora_alpha: Annotated[float, typer.Option("--lora-alpha", help="pard adapt: LoRA scale is alpha / rank.")] = 16.0,
     pard_train_embeddings: Annotated[bool, typer.Option("--pard-train-embeddings/--pard-freeze-embeddings", help="pard shrink: also train the copied embedding and lm_head (about 136M parameters for Qwen2.5: each step costs several times more on a CPU). Frozen by default, as DFlash keeps the target's.")] = False,
     seed: Annotated[int, typer.Option("--seed", help="Seeds the split, the init and every batch.")] = 0,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from OUT/checkpoint (features are reused).")] = False,
@@ -83,7 +88,8 @@ def train_drafter(
     eval_set: Annotated[str, typer.Option("--eval-set", help="humaneval | heldout (the corpus's held-out documents).")] = "humaneval",
     eval_new_tokens: Annotated[int, typer.Option("--eval-new-tokens", help="Greedy tokens per eval prompt.")] = 64,
     checkpoint_every: Annotated[int, typer.Option("--checkpoint-every", help="Steps between checkpoints.")] = 100,
-    max_minutes: Annotated[Optional[float], typer.Option("--max-minutes", help="Stop training after this many minutes (then save and evaluate).")] = None,
+    max_minutes: Annotated[Optional[float], typer.Option("--max-minutes", help="Stop training after this many minutes (then save and evaluate); --resume continues.")] = None,
+    publish: Annotated[Optional[Path], typer.Option("--publish", help="Copy the trained drafter and its cards (drafter.json, MODEL_CARD.md) to this folder, e.g. assets/drafters/<target alias>.")] = None,
 ):
     """Train a block-parallel drafter for TARGET (DFlash or PARD), with checkpoints, --resume and an eval."""
     import torch
@@ -101,15 +107,17 @@ def train_drafter(
                      anchors=anchors, labels=labels, loss_vocab=loss_vocab, draft_vocab=draft_vocab, gamma=gamma, seed=seed,
                      checkpoint_every=checkpoint_every, max_minutes=max_minutes)
     data = DataSpec(corpus=list(corpus or ["stdlib"]), seq_len=seq_len, max_tokens=max_tokens or None, seed=seed,
-                    distill_prompts=distill_prompts, distill_tokens=distill_tokens)
+                    distill_prompts=distill_prompts, distill_tokens=distill_tokens, distill_mix=distill_mix,
+                    distill_batch=distill_batch)
     eval_texts = None
     if eval_set == "humaneval" and eval_prompts > 0:
         from cure_tasks import humaneval                    # the packaged HumanEval prompts
         eval_texts = [p.prompt for p in humaneval.load(limit=eval_prompts)]
     from cure_core.embedded import DEFAULT_TARGET
     opts = RunOptions(target=target or DEFAULT_TARGET, out=out, train=spec, data=data, device=device, layer_ids=ids,
-                      pard_init=pard_init, pard_train_embeddings=pard_train_embeddings, resume=resume, eval_prompts=eval_prompts, eval_set=eval_set,
-                      eval_new_tokens=eval_new_tokens, eval_texts=eval_texts)
+                      pard_init=pard_init, pard_base=pard_base, lora_rank=lora_rank, lora_alpha=lora_alpha,
+                      pard_train_embeddings=pard_train_embeddings, resume=resume, eval_prompts=eval_prompts,
+                      eval_set=eval_set, eval_new_tokens=eval_new_tokens, eval_texts=eval_texts, publish=publish)
     cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             TimeRemainingColumn(), TextColumn("{task.fields[info]}"))
     with LoggedProgress(*cols, console=err_console, transient=False) as progress:

@@ -16,6 +16,7 @@ import torch
 from .block import Block
 from .config import DecodeConfig
 from .cpu_kernels import KERNELS, pack_linears, resolve_kernels
+from .drafters.adapted import is_adapted_checkpoint, load_adapted
 from .drafters.causal import ArDrafter, PardDrafter
 from .drafters.dflash import DFlashModel, drafter_from_model, is_dflash_config, load_dflash_model
 from .drafters.vocab import lowest_ids
@@ -95,6 +96,9 @@ def resolve(name: str) -> str:
 def load_model(name: str, device: str = "cpu", dtype: str = "float32", device_map: str | None = None):
     from transformers import AutoConfig, AutoModelForCausalLM
     path = resolve(name)
+    if is_adapted_checkpoint(path):                  # a trained delta over a base model (drafters/adapted.py)
+        ad = load_adapted(path, device, dtype)
+        return ad.model.eval(), ad.base_path
     if dtype not in DTYPES:
         raise ModelLoadError(f"unknown dtype {dtype!r}; choose one of float32, float16, bfloat16")
     looks_like_path = path.startswith((".", "/", "~")) or path.count("/") > 1

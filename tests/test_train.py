@@ -82,7 +82,7 @@ def test_dflash_cli_trains_saves_loads_and_decodes_losslessly(setup, tmp_path):
     assert _mean([h["loss"] for h in hist[-5:]]) < _mean([h["loss"] for h in hist[:5]])
     ev = json.loads((out / "eval.json").read_text())
     assert ev["lossless"] and set(ev["per_position_top1"]) == {"1", "2", "3", "4"} and ev["tau"]["parallel"] >= 1.0
-    assert (out / "checkpoint" / "state.pt").exists() and list((out / "features").glob("shard_*.safetensors"))
+    assert (out / "checkpoint" / "state.json").exists() and list((out / "features").glob("shard_*.safetensors"))
     loaded = _check_lossless(out, setup)
     assert loaded.drafter_kind == "dflash"
     assert loaded.pair.drafter.vocab.fixed == state["draft_vocab"].tolist()

@@ -1,4 +1,4 @@
-"""Training text for a drafter: CPython's standard library, the target's own continuations, or files.
+"""Training text for a drafter: CPython's standard library or files (the target's own answers: distill.py).
 
 A corpus is a list of `Doc`s (name, text) in a deterministic order; `split_docs` holds out a seeded
 fraction of documents for evaluation, and `chunk_docs` tokenizes documents into fixed-length chunks
@@ -51,9 +51,14 @@ def stdlib_docs() -> list[Doc]:
 
 
 def file_docs(paths: Sequence[str | Path]) -> list[Doc]:
-    """Text files, or every file under a folder (sorted)."""
+    """Text files, or every file under a folder (sorted); a self-distilled corpus `.jsonl` (distill.py)
+    gives its documents."""
     docs = []
     for p in map(Path, paths):
+        if p.is_file() and p.suffix == ".jsonl":
+            from .distill import corpus_docs
+            docs.extend(corpus_docs(p))
+            continue
         if p.is_dir():
             files = sorted(f for f in p.rglob("*") if f.is_file())
         elif p.is_file():
@@ -128,36 +133,3 @@ def fingerprint(chunks: Sequence[Sequence[int]]) -> str:
         h.update(len(c).to_bytes(4, "little"))
         h.update(b"".join(int(t).to_bytes(4, "little") for t in c))
     return h.hexdigest()[:16]
-
-
-def self_distill_docs(model, tokenizer, prompts: Sequence[str], new_tokens: int, progress=None,
-                      batch: int = 16) -> list[Doc]:
-    """The target's own greedy continuations of code prompts (prompt + continuation = one document).
-
-    Prompts run `batch` at a time, left-padded, through HF generate: a decode step over 16 rows costs
-    little more than over one on a memory-bound CPU or GPU (Qwen2.5-0.5B, 2 cores: ~1.5x), so the
-    corpus comes ~10x faster. Padding may round a row differently from running it alone; that only
-    changes which text is trained on, never what is verified at decode time."""
-    import torch
-
-    from ..models import eos_ids
-    docs = []
-    dev = next(model.parameters()).device
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    eos = set(eos_ids(model, tokenizer))
-    for s in range(0, len(prompts), batch):
-        part = [tokenizer.encode(p, add_special_tokens=False) for p in prompts[s: s + batch]]
-        width = max(len(ids) for ids in part)
-        ids = torch.tensor([[pad] * (width - len(x)) + x for x in part], device=dev)          # [B, T] left-padded
-        attn = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in part], device=dev)
-        with torch.inference_mode():
-            out = model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=new_tokens, do_sample=False,
-                                 pad_token_id=pad)
-        for j, x in enumerate(part):
-            cont = out[j, width:].tolist()
-            cut = next((k + 1 for k, t in enumerate(cont) if t in eos), len(cont))   # keep the first EOS only
-            docs.append(Doc(f"distill/{s + j}", tokenizer.decode(x + cont[:cut], skip_special_tokens=True)))
-        if progress is not None:
-            progress(len(part))
-    return docs
-

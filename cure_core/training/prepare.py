@@ -5,8 +5,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import torch
+
 from . import corpus as C
+from .distill import distill
 from .features import FeatureSet, extract
+from .prompt_mix import prompt_mix
 
 
 @dataclass
@@ -16,8 +20,10 @@ class DataSpec:
     max_tokens: int | None = 60_000          # training tokens to extract (None: all)
     heldout_frac: float = 0.05
     seed: int = 0
-    distill_prompts: int = 64                # self-distill: prompts from stdlib function signatures
+    distill_prompts: int = 64                # self-distill: how many prompts (prompt_mix.py)
     distill_tokens: int = 128                # self-distill: greedy tokens per prompt
+    distill_mix: str = "code"                # self-distill: code (stdlib signatures) | mixed (prompt_mix.MIXES)
+    distill_batch: int = 16                  # self-distill: prompts per generate() call
 
 
 def default_layer_ids(n_layers: int) -> list[int]:
@@ -26,8 +32,13 @@ def default_layer_ids(n_layers: int) -> list[int]:
     return sorted({max(0, n_layers // 4), max(0, n_layers // 2), max(0, n_layers - 2)})
 
 
-def build_docs(spec: DataSpec, model=None, tokenizer=None, progress_factory: Callable | None = None) -> tuple[list, list]:
-    """-> (train docs, held-out docs)."""
+DISTILL_FILE = "self-distill.jsonl"
+
+
+def build_docs(spec: DataSpec, model=None, tokenizer=None, progress_factory: Callable | None = None,
+               corpus_dir: Path | None = None, target_name: str = "") -> tuple[list, list]:
+    """-> (train docs, held-out docs). A self-distilled corpus is written to (and resumed from)
+    corpus_dir/self-distill.jsonl, as text (distill.py); without corpus_dir it stays in memory."""
     train, held = [], []
     for src in spec.corpus:
         if src == "stdlib":
@@ -35,9 +46,12 @@ def build_docs(spec: DataSpec, model=None, tokenizer=None, progress_factory: Cal
         elif src == "self-distill":
             if model is None:
                 raise ValueError("self-distill needs the target model")
-            prompts = C.signature_prompts(C.stdlib_docs(), spec.distill_prompts, seed=spec.seed)
-            bar = progress_factory("self-distill prompts", len(prompts)) if progress_factory else None
-            docs = C.self_distill_docs(model, tokenizer, prompts, spec.distill_tokens, progress=bar)
+            specs = prompt_mix(spec.distill_prompts, spec.distill_mix, seed=spec.seed)
+            bar = progress_factory("self-distill prompts", len(specs)) if progress_factory else None
+            path = Path(corpus_dir) / DISTILL_FILE if corpus_dir is not None else None
+            meta = {"target": target_name, "mix": spec.distill_mix, "seed": spec.seed}
+            docs = distill(model, tokenizer, specs, spec.distill_tokens, path, meta, batch=spec.distill_batch,
+                           progress=bar)
         else:
             docs = C.file_docs([src])
         tr, he = C.split_docs(docs, spec.heldout_frac, spec.seed)
@@ -49,9 +63,11 @@ def build_docs(spec: DataSpec, model=None, tokenizer=None, progress_factory: Cal
 
 
 def prepare_features(spec: DataSpec, model, tokenizer, target_name: str, layer_ids: list[int], folder: Path,
-                     min_len: int, progress_factory=None) -> tuple[FeatureSet, list, list[list[int]]]:
-    """-> (features of the training chunks, held-out docs, training chunks)."""
-    train, held = build_docs(spec, model, tokenizer, progress_factory)
+                     min_len: int, progress_factory=None, target_pass: bool = True) -> tuple[FeatureSet, list, list[list[int]]]:
+    """-> (features of the training chunks, held-out docs, training chunks). target_pass=False skips the
+    target's forward over the chunks (nothing to cache: no layers, and the labels are the text)."""
+    train, held = build_docs(spec, model, tokenizer, progress_factory, corpus_dir=Path(folder).parent / "corpus",
+                             target_name=target_name)
     enc = lambda s: tokenizer.encode(s, add_special_tokens=False)   # noqa: E731
     chunks = C.chunk_docs(train, enc, spec.seq_len, min_len, spec.max_tokens, seed=spec.seed)
     if not chunks:
@@ -59,5 +75,11 @@ def prepare_features(spec: DataSpec, model, tokenizer, target_name: str, layer_i
     meta = {"target": target_name, "data": asdict(spec), "fingerprint": C.fingerprint(chunks)}
     total = sum(len(c) for c in chunks)
     progress = progress_factory("target features", total) if progress_factory else None
+    if not target_pass:
+        if progress is not None:
+            progress(total)
+        toks = [torch.tensor(c, dtype=torch.long) for c in chunks]
+        # argmax is unused with text labels; the text stands in for it.
+        return FeatureSet(toks, toks, [torch.zeros((len(c), 0), dtype=torch.float16) for c in chunks]), held, chunks
     fs = extract(model, chunks, layer_ids, folder, meta, progress=progress)
     return fs, held, chunks

@@ -11,12 +11,17 @@ from typing import Callable
 import torch
 
 from ..cpu_kernels import pack_linears, unavailable_reason
+from ..drafters.card import TauRow
 from ..errors import CureError
+from .cards import EVAL_SOURCE, write_cards
+from .checkpoint import read_state
 from .io import atomic_write_json
 from .prepare import DataSpec, default_layer_ids, prepare_features
-from .trainer import CKPT, TrainSpec, draft_vocab_ids, frequent_labels, load_checkpoint, train
+from .prompt_mix import MIXES
+from .trainer import CKPT_DIR, TrainSpec, draft_vocab_ids, frequent_labels, train
 
 KINDS = ("dflash", "pard")
+PARD_INITS = ("shrink", "scratch", "adapt")
 MASK_CANDIDATES = ("<|mask|>", "<|fim_pad|>", "<|fim_middle|>")
 
 
@@ -33,7 +38,10 @@ class RunOptions:
     device: str = "cpu"
     dtype: str = "float32"
     layer_ids: list[int] | None = None      # dflash: target decoder layers to condition on
-    pard_init: str = "shrink"               # pard: shrink (target with fewer layers) | scratch
+    pard_init: str = "shrink"               # pard: shrink (target with fewer layers) | scratch | adapt (LoRA on pard_base)
+    pard_base: str | None = None            # pard adapt: the base causal LM (an embedded alias: loads from its cache)
+    lora_rank: int = 8                      # pard adapt: LoRA rank on every attention / MLP projection
+    lora_alpha: float = 16.0                # pard adapt: LoRA scale alpha / rank
     pard_hidden: int = 256                  # pard scratch: hidden size
     pard_train_embeddings: bool = False     # pard shrink: train the copied embedding / lm_head too (slow on CPU)
     resume: bool = False
@@ -42,6 +50,7 @@ class RunOptions:
     eval_texts: list[str] | None = None     # humaneval: the prompt texts (the CLI loads the data set)
     eval_new_tokens: int = 64
     save_dtype: str = "float16"
+    publish: Path | None = None             # copy the drafter's files (and its cards) to this folder at the end
 
 
 def choose_mask_token(tokenizer, target) -> int:
@@ -97,10 +106,15 @@ def check_options(opts: RunOptions) -> None:
             raise TrainError(f"{flag} must be a finite number {'> 0' if flag == '--lr' else '>= 0'}, got {value}")
     if spec.max_minutes is not None and not (math.isfinite(spec.max_minutes) and spec.max_minutes > 0):
         raise TrainError(f"--max-minutes must be a finite number > 0, got {spec.max_minutes}")
-    ckpt = Path(opts.out) / CKPT
-    if opts.resume and not ckpt.is_file():
-        raise TrainError(f"--resume: there is no checkpoint at {ckpt} to continue; "
-                         f"run without --resume to start a new training")
+    ckpt = Path(opts.out) / CKPT_DIR
+    if opts.resume:                 # Rule: --resume continues a checkpoint or fails; it never starts over
+        try:
+            found = read_state(ckpt)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise TrainError(f"cannot resume from {ckpt}: not a readable cure checkpoint ({type(e).__name__})") from None
+        if found is None:
+            raise TrainError(f"--resume: there is no checkpoint at {ckpt} to continue; "
+                             f"run without --resume to start a new training")
 
 
 def run(opts: RunOptions, progress_factory: Callable, log: Callable = print) -> dict:
@@ -114,6 +128,14 @@ def run(opts: RunOptions, progress_factory: Callable, log: Callable = print) -> 
         raise TrainError("--labels must be target or text")
     if opts.eval_set not in ("humaneval", "heldout"):
         raise TrainError("--eval-set must be humaneval or heldout")
+    if spec.kind == "pard" and opts.pard_init not in PARD_INITS:
+        raise TrainError(f"--pard-init must be one of {', '.join(PARD_INITS)}")
+    if spec.kind == "pard" and opts.pard_init == "adapt" and not opts.pard_base:
+        raise TrainError("--pard-init adapt needs --pard-base (the causal LM to adapt, e.g. qwen-coder-0.5b)")
+    if data.distill_mix not in MIXES:
+        raise TrainError(f"--distill-mix must be one of {', '.join(MIXES)}")
+    if opts.lora_rank < 1:
+        raise TrainError("--lora-rank must be at least 1")
     from ..models import load_model, load_tokenizer
     torch.manual_seed(spec.seed)
     out = Path(opts.out)
@@ -124,10 +146,11 @@ def run(opts: RunOptions, progress_factory: Callable, log: Callable = print) -> 
         p.requires_grad_(False)
     tok = load_tokenizer(tpath)
     n_layers = int(target.config.num_hidden_layers)
-    if spec.kind == "dflash" and unavailable_reason(target) is None:
+    adapting = spec.kind == "pard" and opts.pard_init == "adapt"
+    if (spec.kind == "dflash" or adapting) and unavailable_reason(target) is None:
         # Packed kernels (cpu_kernels.py) speed up the self-distill corpus and the feature pass on a
-        # float32 CPU. The last layer keeps its weights: the draft layer starts as a copy of it. (PARD
-        # copies every layer it keeps, so its target stays unpacked.)
+        # float32 CPU. The last layer keeps its weights: a DFlash draft layer starts as a copy of it.
+        # (A shrunk PARD copies every layer it keeps, so its target stays unpacked.)
         pack_linears(target, keep_weights=target.model.layers[-1])
     mask_id = choose_mask_token(tok, target)
     layer_ids: list[int] = []
@@ -136,8 +159,11 @@ def run(opts: RunOptions, progress_factory: Callable, log: Callable = print) -> 
         if min(layer_ids) < 0 or max(layer_ids) >= n_layers:
             raise TrainError(f"--target-layers {layer_ids} must lie in 0..{n_layers - 1}")
 
+    # A PARD drafter on text labels needs nothing from the target's forward (no features, no argmax):
+    # on a self-distilled corpus the text after each prompt is the target's own greedy answer already.
     fs, held, _ = prepare_features(data, target, tok, opts.target, layer_ids, out / "features",
-                                   min_len=spec.block_size + 2, progress_factory=progress_factory)
+                                   min_len=spec.block_size + 2, progress_factory=progress_factory,
+                                   target_pass=spec.kind == "dflash" or spec.labels == "target")
     log(f"features: {len(fs)} chunks, {fs.n_tokens} tokens, layers {layer_ids or '-'}, mask token {mask_id}")
     vocab = int(target.get_output_embeddings().weight.shape[0])
     subset = frequent_labels(fs, spec, vocab, mask_id)
@@ -161,16 +187,24 @@ def run(opts: RunOptions, progress_factory: Callable, log: Callable = print) -> 
                                spec.labels, subset, spec.gamma, gen)
     else:
         from . import pard_train as P
-        if opts.pard_init == "shrink":
+        if adapting:
+            from .adapt_train import attach
+            # The target only labelled the corpus: free it before the base loads (RAM is tight).
+            target = None
+            from ..models import check_tokenizers_match
+            model, bpath = load_model(opts.pard_base, opts.device, "float32")   # `model` is the only reference
+            check_tokenizers_match(tok, load_tokenizer(bpath, required=False), opts.pard_base)
+            if int(model.get_input_embeddings().weight.shape[0]) <= mask_id:
+                raise TrainError(f"the mask token {mask_id} is outside {opts.pard_base}'s vocabulary")
+            model = attach(model, opts.lora_rank, opts.lora_alpha, mask_id)
+        elif opts.pard_init == "shrink":
             model = P.shrink_target(target, spec.layers, mask_id)
             if not opts.pard_train_embeddings:
                 # Like DFlash, keep the target's embedding and head: the decoder layers learn around them.
                 model.get_input_embeddings().weight.requires_grad_(False)
                 model.get_output_embeddings().weight.requires_grad_(False)
-        elif opts.pard_init == "scratch":
-            model = P.scratch_model(target, spec.layers, opts.pard_hidden, mask_id)
         else:
-            raise TrainError("--pard-init must be shrink or scratch")
+            model = P.scratch_model(target, spec.layers, opts.pard_hidden, mask_id)
         model = model.to(dev)
 
         def step_fn(chunk_ids, gen):
@@ -182,26 +216,35 @@ def run(opts: RunOptions, progress_factory: Callable, log: Callable = print) -> 
     def on_step(step, loss, acc):
         bar(1, loss=loss, acc=acc)
 
-    if opts.resume:
-        st = load_checkpoint(out / CKPT)
-        bar(int(st["step"]), loss=st["history"][-1]["loss"] if st["history"] else float("nan"), acc=[0, 0])
+    done = read_state(out / CKPT_DIR) if opts.resume else None
+    if done is not None:
+        bar(done.step, loss=done.history[-1]["loss"] if done.history else float("nan"), acc=[0, 0])
     summary = train(model, step_fn, fs, spec, out, resume=opts.resume, on_step=on_step, log=log)
 
     save_dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[opts.save_dtype]
     if spec.kind == "dflash":
         D.save_dflash(out, model, cfg, save_dtype, draft_vocab=draft_vocab)
+    elif adapting:
+        from .adapt_train import save_adapter
+        save_adapter(out, model, opts.pard_base, mask_id, opts.lora_rank, opts.lora_alpha, spec.block_size,
+                     save_dtype)
     else:
         model.config.pard_token = int(mask_id)
         model.to(save_dtype).save_pretrained(out)
         model.float()
         tok.save_pretrained(out)
     hist = summary.pop("history")
+    stretches = summary.pop("stretches")
     train_info = {"target": opts.target, "kind": spec.kind, "train": asdict(spec), "data": asdict(data),
                   "layer_ids": layer_ids, "mask_token_id": mask_id, "chunks": len(fs), "tokens": fs.n_tokens,
                   **summary, "final_loss": (sum(h["loss"] for h in hist[-20:]) / len(hist[-20:])) if hist else None,
                   "first_loss": hist[0]["loss"] if hist else None,
                   "total_seconds": time.monotonic() - t_start}
-    atomic_write_json(out / "train.json", dict(train_info, history=hist))
+    atomic_write_json(out / "train.json", dict(train_info, stretches=stretches, history=hist))
+    facts = {"target": opts.target, "kind": spec.kind, "base": opts.pard_base if adapting else None,
+             "block_size": spec.block_size, "layers": None if adapting else spec.layers,
+             "draft_vocab": int(draft_vocab.numel()) if draft_vocab is not None else None}
+    write_cards(out, facts, stretches, [])
 
     result = {"train": train_info}
     if opts.eval_prompts > 0:
@@ -220,7 +263,26 @@ def run(opts: RunOptions, progress_factory: Callable, log: Callable = print) -> 
         ev["drafter_kind"] = loaded.drafter_kind
         atomic_write_json(out / "eval.json", ev)
         result["eval"] = ev
+        where = f"{opts.eval_set} first {len(prompts)} ({opts.eval_new_tokens} new tokens)"
+        write_cards(out, facts, stretches, [TauRow(where, s, ev["k"], round(t, 3), EVAL_SOURCE)
+                                            for s, t in ev["tau"].items()])
+    if opts.publish is not None:
+        publish(out, Path(opts.publish))
+        log(f"published the drafter to {opts.publish}")
     return result
+
+
+def publish(out: Path, dest: Path) -> None:
+    """Copy a trained drafter (the top-level files of OUT: weights, config, cards) into `dest`; the
+    checkpoint, features and corpus folders stay in OUT. Each file lands atomically."""
+    import os
+    import shutil
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in sorted(out.iterdir()):
+        if f.is_file() and not f.name.startswith(".") and f.name not in ("train.json", "eval.json"):
+            tmp = dest / f".{f.name}.tmp{os.getpid()}"
+            shutil.copyfile(f, tmp)
+            os.replace(tmp, dest / f.name)
 
 
 def load_json(path: Path) -> dict:

@@ -1,8 +1,10 @@
-"""The training loop shared by both drafter kinds: seeded batches, AdamW with warmup + cosine decay,
-periodic atomic checkpoints and --resume.
+"""The training loop shared by every drafter kind: seeded batches, AdamW with warmup + cosine decay,
+periodic atomic checkpoints (checkpoint.py) and --resume.
 
 Every step's batch (chunks and anchors) comes from a generator seeded by (seed, step), so a run resumed
-from a checkpoint sees exactly the batches an uninterrupted run would have seen.
+from a checkpoint sees exactly the batches an uninterrupted run would have seen. Each process that
+trains is a stretch: its steps and minutes go into the checkpoint, so a run resumed on another machine
+still knows every stretch before it.
 """
 from __future__ import annotations
 
@@ -14,11 +16,11 @@ from typing import Callable
 
 import torch
 
+from . import checkpoint as ckpt
 from ..errors import CureError
 from .features import FeatureSet
-from .io import atomic_torch_save
 
-CKPT = "checkpoint/state.pt"
+CKPT_DIR = "checkpoint"
 
 
 @dataclass
@@ -44,28 +46,6 @@ class TrainSpec:
 
 class CheckpointError(CureError, ValueError):
     """A training checkpoint that cannot be resumed."""
-
-
-def load_checkpoint(path: Path) -> dict:
-    """A checkpoint written by train(), checked before use.
-
-    Rule: loaded with weights_only=True (tensors and plain containers only: a crafted file cannot run
-    code), and its fields have the types train() relies on.
-    """
-    if not Path(path).is_file():
-        raise CheckpointError(f"--resume: there is no checkpoint at {path} to continue; "
-                              f"run without --resume to start a new training")
-    try:
-        st = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - torch raises many kinds for a damaged or foreign file
-        raise CheckpointError(f"cannot resume from {path}: not a readable checkpoint "
-                              f"({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''})") from None
-    if (not isinstance(st, dict) or type(st.get("step")) is not int or st["step"] < 0
-            or not isinstance(st.get("model"), dict) or not isinstance(st.get("optim"), dict)
-            or not isinstance(st.get("history"), list)
-            or not all(isinstance(h, dict) and isinstance(h.get("loss"), float) for h in st["history"])):
-        raise CheckpointError(f"cannot resume from {path}: not a cure training checkpoint")
-    return st
 
 
 def lr_at(spec: TrainSpec, step: int) -> float:
@@ -110,33 +90,40 @@ def batch_generator(spec: TrainSpec, step: int) -> torch.Generator:
 
 def train(model: torch.nn.Module, step_fn: Callable, fs: FeatureSet, spec: TrainSpec, out: Path,
           resume: bool = False, on_step: Callable | None = None, log: Callable = print) -> dict:
-    """step_fn(chunk_ids, gen) -> (loss, stats). Returns the history summary."""
-    params = [p for p in model.parameters() if p.requires_grad]
+    """step_fn(chunk_ids, gen) -> (loss, stats). Returns the history summary and the stretches."""
+    params = [p for _, p in ckpt.trainable(model)]
     opt = torch.optim.AdamW(params, lr=spec.lr, weight_decay=spec.weight_decay, betas=(0.9, 0.95))
-    step, history = 0, []
-    ck = out / CKPT
+    folder = out / CKPT_DIR
+    state = ckpt.TrainState(spec=asdict(spec))
     if resume:                      # Rule: --resume continues a checkpoint or fails; it never starts over
-        st = load_checkpoint(ck)
         try:
-            model.load_state_dict(st["model"])
-            opt.load_state_dict(st["optim"])
-        except (RuntimeError, ValueError, KeyError) as e:
-            raise CheckpointError(f"cannot resume from {ck}: it does not fit this drafter (other --kind, "
-                                  f"--layers or target?): {str(e).splitlines()[0][:200]}") from None
-        step, history = st["step"], list(st["history"])
-        log(f"resumed from {ck} at step {step}")
+            loaded = ckpt.load(folder, model, opt)
+        except (OSError, RuntimeError, ValueError, KeyError, TypeError) as e:
+            raise CheckpointError(f"cannot resume from {folder}: it does not fit this drafter (other --kind, "
+                                  f"--layers or target?): {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}") from None
+        if loaded is None:
+            raise CheckpointError(f"--resume: there is no checkpoint at {folder} to continue; "
+                                  f"run without --resume to start a new training")
+        state = ckpt.TrainState(step=loaded.step, history=loaded.history, stretches=loaded.stretches,
+                                spec=asdict(spec))
+        log(f"resumed from {folder} at step {state.step}")
+    t0 = time.monotonic()
+    stretch = ckpt.Stretch(start_step=state.step, end_step=state.step, minutes=0.0,
+                           started=time.strftime("%Y-%m-%dT%H:%M:%S%z"), threads=torch.get_num_threads())
+    state.stretches.append(stretch)
 
     def save():
-        atomic_torch_save(ck, {"step": step, "model": model.state_dict(), "optim": opt.state_dict(),
-                               "history": history, "spec": asdict(spec)})
+        stretch.end_step = state.step
+        stretch.minutes = round((time.monotonic() - t0) / 60, 2)
+        ckpt.save(folder, model, opt, state)
 
-    t0 = time.monotonic()
     model.train()
-    stopped = "steps"
-    while step < spec.steps:
+    stretch.stopped_by = "running"
+    while state.step < spec.steps:
         if spec.max_minutes is not None and time.monotonic() - t0 > spec.max_minutes * 60:
-            stopped = "time"
+            stretch.stopped_by = "time"
             break
+        step = state.step
         gen = batch_generator(spec, step)
         chunk_ids = torch.randint(len(fs), (spec.batch,), generator=gen).tolist()
         for g in opt.param_groups:
@@ -148,12 +135,15 @@ def train(model: torch.nn.Module, step_fn: Callable, fs: FeatureSet, spec: Train
             torch.nn.utils.clip_grad_norm_(params, spec.grad_clip)
         opt.step()
         acc = (stats["hits"] / stats["count"].clamp(min=1)).tolist()
-        history.append({"step": step, "loss": float(loss.detach()), "acc": [round(a, 4) for a in acc[1:5]]})
-        step += 1
+        state.history.append({"step": step, "loss": float(loss.detach()), "acc": [round(a, 4) for a in acc[1:5]]})
+        state.step += 1
         if on_step is not None:
-            on_step(step, float(loss.detach()), acc)
-        if spec.checkpoint_every and step % spec.checkpoint_every == 0:
+            on_step(state.step, float(loss.detach()), acc)
+        if spec.checkpoint_every and state.step % spec.checkpoint_every == 0:
             save()
+    if stretch.stopped_by == "running":
+        stretch.stopped_by = "steps"
     save()
     model.eval()
-    return {"steps_done": step, "stopped_by": stopped, "seconds": time.monotonic() - t0, "history": history}
+    return {"steps_done": state.step, "stopped_by": stretch.stopped_by, "seconds": time.monotonic() - t0,
+            "history": state.history, "stretches": [asdict(s) for s in state.stretches]}

@@ -1,0 +1,212 @@
+"""Training that resumes anywhere: a self-distilled corpus saved as text and resumed batch by batch,
+checkpoints of trainable state only, a resumed run (on a fresh folder holding only the committed
+checkpoint and corpus) equal to an uninterrupted one for every kind, the stretches in the cards,
+the PARD adaptation of a base model (a delta that loads over the base), and `cure models` listing
+drafters."""
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from cure_core.config import DecodeConfig
+from cure_core.engine import generate_ids
+from cure_core.models import load_model, load_pair, load_tokenizer
+from cure_core.tiny import MASK_ID, byte_tokenizer, perturbed_copy, tiny_target
+from cure_core.training import corpus as C
+from cure_core.training import distill as Dist
+from cure_core.training.prepare import DISTILL_FILE, DataSpec
+from cure_core.training.prompt_mix import prompt_mix
+from cure_core.training.run import RunOptions, run
+from cure_core.training.trainer import TrainSpec
+
+FEW_STDLIB = ("textwrap.py", "shlex.py", "fnmatch.py")
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("adapt")
+    target = tiny_target(seed=0)
+    tok = byte_tokenizer()
+    target.save_pretrained(root / "target")
+    tok.save_pretrained(root / "target")
+    base = perturbed_copy(target, noise=0.3, seed=5)         # the "small model" a drafter is adapted from
+    base.save_pretrained(root / "base")
+    tok.save_pretrained(root / "base")
+    return root
+
+
+@pytest.fixture()
+def few_stdlib(monkeypatch):
+    few = [C.Doc(str(p), p.read_text()) for p in C.stdlib_files() if p.name in FEW_STDLIB]
+    monkeypatch.setattr(C, "stdlib_docs", lambda: few)
+
+
+def _bars(name, total, initial=0):
+    return lambda n=1, loss=None, acc=None: None
+
+
+def _opts(models, out, kind, steps, **kw):
+    spec = dict(kind=kind, steps=steps, block_size=6, lr=3e-3, batch=2, anchors=6, checkpoint_every=4,
+                loss_vocab=0, draft_vocab=0)
+    opts = dict(pard_init="adapt", pard_base=str(models / "base"), lora_rank=4) if kind == "pard" else {}
+    opts.update(kw)
+    return RunOptions(target=str(models / "target"), out=out, train=TrainSpec(**spec),
+                      data=DataSpec(corpus=["self-distill"], distill_prompts=12, distill_tokens=24,
+                                    distill_mix="mixed", distill_batch=4, seq_len=64, heldout_frac=0.2),
+                      eval_prompts=0, eval_set="heldout", **opts)
+
+
+def test_prompt_mix_is_varied_seeded_and_never_an_eval_set(few_stdlib):
+    specs = prompt_mix(60, "mixed", seed=0)
+    assert specs == prompt_mix(60, "mixed", seed=0) and len({s.text for s in specs}) == 60
+    assert {s.kind for s in specs} == {"code-raw", "code-chat", "explain", "math"}
+    assert all(not s.chat for s in specs if s.kind == "code-raw") and all(s.chat for s in specs if s.kind != "code-raw")
+    langs = {w for s in specs if s.kind == "code-chat" for w in ("Python", "Rust", "Go", "Java", "C") if f" {w} " in s.text}
+    assert len(langs) >= 2
+    with pytest.raises(ValueError, match="unknown prompt mix"):
+        prompt_mix(4, "poems")
+
+
+def test_distill_corpus_resumes_batch_by_batch(models, few_stdlib, tmp_path):
+    model, path = load_model(str(models / "target"))
+    tok = load_tokenizer(path)
+    specs = prompt_mix(10, "mixed", seed=1)
+    meta = {"target": "t", "mix": "mixed", "seed": 1}
+    whole = Dist.distill(model, tok, specs, 12, tmp_path / "whole.jsonl", meta, batch=4)
+    part = tmp_path / "part.jsonl"
+
+    def stop_after_first_batch(n):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        Dist.distill(model, tok, specs, 12, part, meta, batch=4, progress=stop_after_first_batch)
+    assert len(Dist.read_corpus(part)[1]) == 4                  # one whole batch saved, as text
+    seen = []
+    resumed = Dist.distill(model, tok, specs, 12, part, meta, batch=4, progress=seen.append)
+    assert seen[0] == 4 and sum(seen) == 10                     # the saved batch counts, then the rest
+    assert [d.text for d in resumed] == [d.text for d in whole]
+    assert part.read_text() == (tmp_path / "whole.jsonl").read_text()
+    # Chat prompts keep their template's special tokens, so the text tokenizes back to the decode-time ids.
+    chat = [r for r in Dist.read_corpus(part)[1] if r["kind"] != "code-raw"]
+    assert chat and all(r["text"].startswith("<|im_start|>") for r in chat)
+    assert C.file_docs([part]) == resumed                       # --corpus FILE.jsonl reads the same documents
+    with pytest.raises(Dist.CorpusMismatch, match="new_tokens"):
+        Dist.distill(model, tok, specs, 13, part, meta, batch=4)
+
+
+@pytest.mark.parametrize("kind", ["dflash", "pard"])
+def test_resume_on_a_fresh_machine_equals_an_uninterrupted_run(models, few_stdlib, tmp_path, kind):
+    full = tmp_path / "full"
+    run(_opts(models, full, kind, steps=8), _bars, log=lambda m: None)
+    first = tmp_path / "first"
+    run(_opts(models, first, kind, steps=4), _bars, log=lambda m: None)
+    # What a commit carries to another machine: the checkpoint and the corpus text, no features.
+    fresh = tmp_path / "fresh"
+    for sub in ("checkpoint", "corpus"):
+        shutil.copytree(first / sub, fresh / sub)
+    assert not list((first / "checkpoint").glob("*.pt"))
+    msgs = []
+    res = run(_opts(models, fresh, kind, steps=8, resume=True), _bars, log=msgs.append)
+    assert any("resumed" in m and "step 4" in m for m in msgs) and res["train"]["steps_done"] == 8
+    weights = "model.safetensors" if kind == "dflash" else "adapter.safetensors"
+    a, b = load_file(str(full / weights)), load_file(str(fresh / weights))
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    ha = json.loads((full / "train.json").read_text())
+    hb = json.loads((fresh / "train.json").read_text())
+    assert [h["loss"] for h in ha["history"]] == [h["loss"] for h in hb["history"]]
+    # Every stretch is recorded, in train.json, drafter.json and the model card.
+    assert [(s["start_step"], s["end_step"], s["stopped_by"]) for s in hb["stretches"]] == [(0, 4, "steps"), (4, 8, "steps")]
+    card = json.loads((fresh / "drafter.json").read_text())
+    assert card["training"]["steps"] == 8 and len(card["training"]["stretches"]) == 2
+    assert card["kind"] == kind and card["block_size"] == 6
+    md = (fresh / "MODEL_CARD.md").read_text()
+    assert "| 1 | 0-4 |" in md and "| 2 | 4-8 |" in md and "| total | 8 |" in md
+
+
+def test_checkpoint_holds_trainable_state_only_in_small_shards(models, few_stdlib, tmp_path, monkeypatch):
+    from cure_core.training import checkpoint as ck
+    monkeypatch.setattr(ck, "SHARD_BYTES", 40_000)
+    out = tmp_path / "pard"
+    spec = _opts(models, out, "pard", steps=2)
+    spec.train.labels = "text"                  # the corpus answers are the target's: no target pass needed
+    run(spec, _bars, log=lambda m: None)
+    assert not (out / "features").exists()
+    shards = sorted((out / "checkpoint").glob("shard-*.safetensors"))
+    assert len(shards) > 1
+    names = set()
+    for s in shards:
+        names |= set(load_file(str(s)))
+    # LoRA factors, the mask embedding and their AdamW moments; never a frozen base weight.
+    assert all(".lora_" in n or "cure_mask_embedding" in n for n in names)
+    assert {n.split(".", 1)[0] for n in names} == {"param", "exp_avg", "exp_avg_sq", "step"}
+
+
+def test_adapted_drafter_is_a_small_delta_that_loads_over_its_base(models, few_stdlib, tmp_path):
+    out = tmp_path / "adapted"
+    opts = _opts(models, out, "pard", steps=6, save_dtype="float32", publish=tmp_path / "shipped")
+    run(opts, _bars, log=lambda m: None)
+    shipped = tmp_path / "shipped"
+    assert sorted(f.name for f in shipped.iterdir()) == ["MODEL_CARD.md", "adapter.safetensors", "config.json",
+                                                         "drafter.json"]
+    cfg = json.loads((shipped / "config.json").read_text())["cure_adapter"]
+    assert cfg["base"] == str(models / "base") and cfg["kind"] == "pard" and cfg["block_size"] == 6
+    base_bytes = sum(f.stat().st_size for f in (models / "base").glob("*.safetensors"))
+    assert (shipped / "adapter.safetensors").stat().st_size < base_bytes / 2
+    loaded = load_pair(str(models / "target"), str(shipped), drafter="auto", kernels="eager")
+    assert loaded.drafter_kind == "pard" and loaded.pair.drafter.mask_token_id == cfg["mask_token_id"]
+    assert loaded.pair.drafter.block_size == 6
+    # The merged model equals the base with the LoRA update applied by hand.
+    delta = load_file(str(shipped / "adapter.safetensors"))
+    base, _ = load_model(str(models / "base"))
+    merged = loaded.pair.drafter.model
+    name = "model.layers.0.self_attn.q_proj"
+    want = base.get_submodule(name).weight + cfg["alpha"] / cfg["rank"] * delta[f"{name}.lora_B"] @ delta[f"{name}.lora_A"]
+    torch.testing.assert_close(merged.get_submodule(name).weight, want)
+    assert torch.equal(merged.get_input_embeddings().weight[MASK_ID], delta["mask_embedding"])
+    # Lossless whatever it learned.
+    tok = loaded.tokenizer
+    ids = tok.encode("def g(x, y):\n    total = ", add_special_tokens=False)
+    ref = generate_ids(loaded.pair, DecodeConfig(strategy="ar", max_new_tokens=20, k=6), ids)
+    for strat in ("parallel", "cure"):
+        assert generate_ids(loaded.pair, DecodeConfig(strategy=strat, max_new_tokens=20, k=6), ids) == ref
+
+
+def test_adapt_options_are_checked(models, tmp_path):
+    from cure_core.training.run import TrainError
+    with pytest.raises(TrainError, match="--pard-base"):
+        run(_opts(models, tmp_path / "x", "pard", steps=1, pard_base=None), _bars)
+    bad = _opts(models, tmp_path / "y", "pard", steps=1)
+    bad.data.distill_mix = "poems"
+    with pytest.raises(TrainError, match="--distill-mix"):
+        run(bad, _bars)
+
+
+def test_models_lists_shipped_drafters(tmp_path, monkeypatch):
+    from cure_cli import models_cmd
+    from cure_cli.main import app
+    d = tmp_path / "drafters" / "qwen-coder-1.5b"
+    d.mkdir(parents=True)
+    (d / "drafter.json").write_text(json.dumps({
+        "target": "qwen-coder-1.5b", "kind": "pard", "base": "qwen-coder-0.5b", "block_size": 8, "draft_vocab": None,
+        "training": {"steps": 10, "minutes": 1.5, "stretches": []},
+        "tau": [{"prompts": "humaneval 21-40", "strategy": "cure", "k": 8, "tau": 3.25, "source": "bench"},
+                {"prompts": "humaneval 21-40", "strategy": "parallel", "k": 8, "tau": 2.5, "source": "bench"}]}))
+    (tmp_path / "drafters" / "no-card").mkdir()
+    monkeypatch.setattr(models_cmd, "DRAFTERS", tmp_path / "drafters")
+    res = CliRunner().invoke(app, ["models", "--json"])
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.output)
+    assert [m["alias"] for m in got["models"]][:1] == ["qwen-coder-0.5b"]
+    (row,) = got["drafters"]
+    assert (row["alias"], row["kind"], row["base"], row["block_size"], row["draft_vocab"]) == \
+        ("qwen-coder-1.5b", "pard", "qwen-coder-0.5b", 8, None)
+    assert [r["tau"] for r in row["tau"]] == [3.25, 2.5]
+    res = CliRunner().invoke(app, ["models"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    line = next(ln for ln in res.output.splitlines() if "qwen-coder-1.5b" in ln and "pard" in ln)
+    assert "adapted qwen-coder-0.5b" in line and "3.25 cure K=8 (humaneval 21-40)" in line and "all" in line
