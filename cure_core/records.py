@@ -167,12 +167,11 @@ def block_from_record(d: dict) -> Block:
             raise RecordError(f"accepted[{j}] = {a} is not one of the block's {len(nodes)} nodes")
     resync = mapping(get("resync"), "resync")
     timings = mapping(get("timings"), "timings")
-    known = {"prefill_ms", "draft_ms", "tree_ms", "verify_ms", "commit_ms"}
+    known = set(Timings.__dataclass_fields__)          # the record's fields are the dataclass's: one list
     if set(timings) - known:
         raise RecordError(f"timings has unknown fields {sorted(set(timings) - known)}")
     stop = text(d.get("stop"), "stop", optional=True)
-    extra = set(d) - {"index", "strategy", "context_len", "root", "draft", "margins", "ufps", "nodes", "accepted",
-                      "winner", "branch0_accepted", "bonus", "emitted", "resync", "timings", "stop", "meta"}
+    extra = set(d) - set(Block.__dataclass_fields__)
     if extra:
         raise RecordError(f"block has unknown fields {sorted(extra)}")
     return Block(
@@ -191,7 +190,8 @@ def block_from_record(d: dict) -> Block:
         emitted=token_ids(get("emitted"), "emitted"),
         resync=Resync(mode=text(field(resync, "mode", "resync"), "resync mode"),
                       tokens=token_ids(field(resync, "tokens", "resync"), "resync tokens")),
-        timings=Timings(**{k: finite(v, f"timings {k}", lo=0.0) for k, v in timings.items()}),
+        timings=Timings(**{k: integer(v, f"timings {k}") if k.endswith("_tokens") else finite(v, f"timings {k}", lo=0.0)
+                           for k, v in timings.items()}),
         stop=stop,
         meta=mapping(d.get("meta"), "meta", optional=True),
     )
