@@ -67,6 +67,8 @@ def generate(
         prompt = sys.stdin.read()
     if not prompt.strip():
         fail("the prompt is empty")
+    from cure_core.prompt_text import check_text
+    check_text(prompt)                                   # before anything loads: one line, not three
     if trace is not None:
         check_trace_path(trace)
     loaded = open_models(args)

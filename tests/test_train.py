@@ -157,10 +157,10 @@ def test_resume_without_a_checkpoint_is_refused(setup, tmp_path):
                                  "--resume"])
     assert r.exit_code == 2 and "no checkpoint" in r.output and "Traceback" not in r.output, r.output
     (tmp_path / "o" / "checkpoint").mkdir(parents=True)
-    (tmp_path / "o" / "checkpoint" / "state.pt").write_bytes(b"not a checkpoint")
+    (tmp_path / "o" / "checkpoint" / "state.json").write_bytes(b"not a checkpoint")
     r = CliRunner().invoke(app, ["train-drafter", "--target", str(setup / "target"), "--out", str(tmp_path / "o"),
                                  "--resume"])
-    assert r.exit_code == 2 and "not a readable checkpoint" in r.output and "Traceback" not in r.output, r.output
+    assert r.exit_code == 2 and "not a readable cure checkpoint" in r.output and "Traceback" not in r.output, r.output
 
 
 def test_corpus_helpers(tmp_path):

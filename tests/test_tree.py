@@ -289,7 +289,7 @@ def test_cure_best_first_redrafts_the_best_substitution_and_lets_its_log_probs_c
     # under the substitute 20 the re-drafted next positions are confident: 25 then 26
     d = TableRedrafter({(20,): ([[25, 11, 21], [26, 12, 22]], [[math.log(.95), math.log(.03), math.log(.02)],
                                                               [math.log(.9), math.log(.05), math.log(.05)]])})
-    cfg = DecodeConfig(strategy="cure", k=4, v_max=5, redrafts=1)
+    cfg = DecodeConfig(strategy="cure", k=4, v_max=5, redrafts=1, redraft_weight=1.0)   # the re-draft alone
     plan = build_cure_best_first(cfg, p, d)
     assert d.calls == [[(20,)]]                                  # one batched pass, the best substitution
     paths = tree_paths(plan.tree)
@@ -308,3 +308,23 @@ def test_cure_best_first_without_a_substitution_worth_it_is_ddtrees_tree():
     plan = build_cure_best_first(cfg, p, d)
     assert d.calls == [] and plan.redraft_ms == 0.0
     assert tree_paths(plan.tree) == tree_paths(build_ddtree(cfg.with_(strategy="ddtree"), p))
+
+
+def test_blending_keeps_the_proposals_candidates_below_a_substitution():
+    """redraft_weight w: below a substitution a candidate scores log(w p_redraft + (1 - w) p_proposal), so a
+    token only the proposal ranked stays a candidate, and w = 0 is ddtree's tree again."""
+    from cure_core.strategies import Table, build_cure_best_first, mix
+    base = Table([[10, 20], [11, 21]], [[math.log(.6), math.log(.4)], [math.log(.7), math.log(.3)]])
+    red = Table([[25, 11, 40]], [[math.log(.85), math.log(.1), math.log(.05)]], first=2)
+    m = mix(base, red, 0.5)                                  # as wide as the re-draft: 3
+    assert m.first == 2 and m.ids[0] == [25, 11, 21]
+    assert m.logp[0] == pytest.approx([math.log(.425), math.log(.4), math.log(.15)])
+    assert mix(base, red, 1.0) is red
+    ids = [[10, 20, 30], [11, 21, 31], [12, 22, 32]]
+    lp = [[math.log(.55), math.log(.44), math.log(.01)], [math.log(.6), math.log(.3), math.log(.1)],
+          [math.log(.6), math.log(.3), math.log(.1)]]
+    p = Proposal(tokens=[10, 11, 12], top_ids=torch.tensor(ids), top_logprobs=torch.tensor(lp))
+    d = TableRedrafter({(20,): ([[25, 11, 21], [26, 12, 22]], [[math.log(.95), math.log(.03), math.log(.02)],
+                                                              [math.log(.9), math.log(.05), math.log(.05)]])})
+    cfg = DecodeConfig(strategy="cure", k=4, v_max=5, redrafts=1, redraft_weight=0.0)
+    assert tree_paths(build_cure_best_first(cfg, p, d).tree) == tree_paths(build_ddtree(cfg.with_(strategy="ddtree"), p))
