@@ -156,11 +156,12 @@ def test_sigterm_keeps_what_was_generated_like_ctrl_c(tiny_dirs, tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "cure_cli.main", "generate", "x = 1", "--target", str(t), "--draft",
                              str(d), "--raw", "-n", "100000", "--trace", str(trace), "--strategy", "ar"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    def blocks_written() -> int:                                    # the trace flushes one line per block
+        return sum(p.read_text().count('"block"') for p in tmp_path.glob(".t.jsonl.*.part"))
     deadline = time.time() + 120
-    while time.time() < deadline and not any(tmp_path.glob(".t.jsonl.*.part")):
-        time.sleep(0.2)
-    time.sleep(3)                                                   # some blocks in
-    proc.send_signal(signal.SIGTERM)
+    while time.time() < deadline and blocks_written() < 3 and proc.poll() is None:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)                                # at once: the tiny model writes ~300 blocks/s
     err = proc.communicate(timeout=60)[1].decode()
     assert proc.returncode == 130, err
     assert "Traceback" not in err
