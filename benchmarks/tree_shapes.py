@@ -28,13 +28,13 @@ import argparse
 import json
 import statistics
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from cure_core.config import DecodeConfig
-from cure_core.drafters.base import Proposal
+from cure_core.drafters.base import Proposal, top_k_logprobs
 from cure_core.options import EngineArgs, parse_list
 from cure_core.strategies import build_cure_best_first, build_cure_tree, build_ddtree, proposal_width
 from cure_core.tree import DraftTree
@@ -83,6 +83,7 @@ class Shape:
     name: str
     redrafts: int | None = None   # cure best-first: substitutions re-drafted per block
     weight: float = 1.0           # cure best-first: the re-draft's weight in the blend (strategies.mix)
+    short: bool = False           # replay the proposal of a block drafted with only V masks (--short-blocks)
 
 
 def shape_tree(shape: Shape, base: DecodeConfig, p: Proposal, v: int, drafter) -> DraftTree:
@@ -90,12 +91,12 @@ def shape_tree(shape: Shape, base: DecodeConfig, p: Proposal, v: int, drafter) -
     <= K-1 draft (and keep) v positions, best-first trees take max(top_k, v) candidates each."""
     depth = len(p.tokens)
     rows = min(depth, v)
-    if shape.name == "chain":
+    if shape.name in ("chain", "chain-short"):
         tree = DraftTree()
         tree.add_path(p.tokens[:rows], branch=0)
         return tree
     cfg = base.with_(k=rows + 1, v_max=v)                  # the tree is at most `rows` deep either way
-    if shape.name == "ddtree":
+    if shape.name in ("ddtree", "ddtree-short"):
         return build_ddtree(cfg.with_(strategy="ddtree"), cut(p, rows, proposal_width(cfg.with_(strategy="ddtree"), v)))
     if shape.name == "cure-paper":
         return build_cure_tree(cfg.with_(strategy="cure", cure_tree="paper"), cut(p, rows, PAPER_WIDTH), drafter).tree
@@ -112,20 +113,39 @@ class Recorded:
     accepted: int                             # what the recording engine accepted
     recorded_tree: int                        # its tree size
     set: str = ""                             # the prompt set the block's prompt came from
+    short: dict = field(default_factory=dict)  # v -> the proposal of a block drafted with only v masks (--short-blocks)
 
 
 class Recorder:
     """The engine's drafter, keeping each proposal wide and every re-draft the shapes will ask for."""
 
-    def __init__(self, drafter, shapes, budgets, base: DecodeConfig, check: bool = False):
+    def __init__(self, drafter, shapes, budgets, base: DecodeConfig, check: bool = False, short: bool = False):
         self.inner, self.shapes, self.budgets, self.base = drafter, shapes, budgets, base
         self.width = max(max(budgets), base.top_k)
         self.blocks: list[tuple[Proposal, dict]] = []
+        self.short: list[dict] = []             # per block: v -> proposal drafted from a block of v masks
+        self.want_short = short
         self.check = check                      # rebuild every shape with the live drafter and compare
         self.checked = self.differ = 0
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
+
+    def short_blocks(self, root: int, n: int) -> dict:
+        """What the drafter would propose had it drafted only v masks (#13 item 2: the engine no longer does
+        this; DFlash attends bidirectionally inside a block, so a shorter block changes every logit). Only
+        for drafters with a stateless block forward (DFlash); PARD is causal, so its first v rows never
+        depend on the masks after them."""
+        if not hasattr(self.inner, "forward_blocks"):
+            return {}
+        out = {}
+        for v in self.budgets:
+            if v < n:
+                rows = self.inner.forward_blocks([[root] + [self.inner.mask_token_id] * v])[0][1:1 + v]
+                cols, logp = top_k_logprobs(rows, self.width)
+                ids = self.inner.to_target_ids(cols)
+                out[v] = Proposal(tokens=ids[:, 0].tolist(), top_ids=ids, top_logprobs=logp)
+        return out
 
     def propose(self, root: int, n: int, top_k: int) -> Proposal:
         p = self.inner.propose(root, n, max(top_k, self.width))
@@ -137,6 +157,7 @@ class Recorder:
         asked = sorted(collect.asked)
         got = self.inner.redraft_topk([list(a) for a in asked], [n - len(a) for a in asked], self.width) if asked else []
         self.blocks.append((p, dict(zip(asked, got))))
+        self.short.append(self.short_blocks(root, n) if self.want_short else {})
         if self.check:                          # the memo answers as the live drafter would
             for shape in self.shapes:
                 for v in self.budgets:
@@ -148,9 +169,9 @@ class Recorder:
 
 
 def record(pair, prompts, cfg: DecodeConfig, shapes, budgets, progress=lambda i: None,
-           check: dict | None = None) -> list[Recorded]:
+           check: dict | None = None, short: bool = False) -> list[Recorded]:
     from cure_core.engine import Engine
-    rec = Recorder(pair.drafter, shapes, budgets, cfg, check=check is not None)
+    rec = Recorder(pair.drafter, shapes, budgets, cfg, check=check is not None, short=short)
     pair.drafter = rec
     out: list[Recorded] = []
     try:
@@ -160,11 +181,11 @@ def record(pair, prompts, cfg: DecodeConfig, shapes, budgets, progress=lambda i:
             every = list(engine.generate(ids, cfg))
             sequence = list(ids) + [t for b in every for t in b.emitted]
             blocks = [b for b in every if b.draft]
-            for b, (p, memo) in zip(blocks, rec.blocks[start:]):
+            for b, (p, memo), short in zip(blocks, rec.blocks[start:], rec.short[start:]):
                 at = b.context_len + 1                     # the root sits at context_len
                 truth = tuple(sequence[at: at + len(p.tokens)])
                 out.append(Recorded(p, memo, truth, len(truth) == len(p.tokens), b.accept_length, b.tree_size,
-                                    set_name))
+                                    set_name, short))
             progress(i)
     finally:
         pair.drafter = rec.inner
@@ -187,12 +208,17 @@ def accept(tree: DraftTree, truth, complete: bool) -> tuple[int, bool]:
     return n, (not complete) and node in children        # it had children past the known truth
 
 
+def proposal_for(shape: Shape, r: Recorded, v: int) -> Proposal:
+    """`chain-short` / `ddtree-short` replay the block drafted with only v masks, where one was recorded."""
+    return r.short.get(v, r.proposal) if shape.short else r.proposal
+
+
 def replay(records: list[Recorded], shapes, budgets, base: DecodeConfig) -> dict:
     accepted, censored, sizes = {}, {}, {}
     for shape in shapes:
         for v in budgets:
-            got = [accept(t := shape_tree(shape, base, r.proposal, v, Memo(r.redrafts)), r.truth, r.complete)
-                   + (len(t),) for r in records]
+            got = [accept(t := shape_tree(shape, base, proposal_for(shape, r, v), v, Memo(r.redrafts)), r.truth,
+                          r.complete) + (len(t),) for r in records]
             accepted[(shape.name, v)] = statistics.mean(a for a, _, _ in got)
             censored[(shape.name, v)] = sum(c for _, c, _ in got)
             sizes[(shape.name, v)] = statistics.mean(s for _, _, s in got)
@@ -230,7 +256,7 @@ def record_run(args, shapes, budgets, check):
         with Progress(transient=True) as bar:
             task = bar.add_task("recording blocks", total=len(prompts))
             records = record(loaded.pair, prompts, cfg, shapes, budgets, progress=lambda i: bar.advance(task),
-                             check=check)
+                             check=check, short=args.short_blocks)
     meta = {"target": "tiny" if args.tiny else loaded.pair.names.get("target"),
             "draft": "tiny" if args.tiny else loaded.pair.names.get("draft"), "drafter": loaded.drafter_kind,
             "prompts": len(prompts), "sets": ["tiny"] if args.tiny else parse_list(args.sets),
@@ -251,6 +277,9 @@ def parse_args(argv):
     ap.add_argument("--json", default=None, metavar="OUT.json")
     ap.add_argument("--save-records", default=None, metavar="FILE.pt", help="keep the recorded blocks (torch.save)")
     ap.add_argument("--load-records", default=None, metavar="FILE.pt", help="replay blocks recorded earlier; no model runs")
+    ap.add_argument("--short-blocks", action="store_true", help="also record, for every V below the block, the "
+                    "proposal of a block drafted with only V masks (what the engine did before #13), and replay "
+                    "chain-short / ddtree-short from it (DFlash drafters)")
     ap.add_argument("--check", action="store_true", help="also rebuild every replayed tree with the live drafter "
                     "while recording and count differences (slow; the replay's exactness check)")
     EngineArgs.add_cli_args(ap, exclude=("strategy", "temperature", "seed", "v_max", "chat"), k=8, max_new_tokens=48)
@@ -262,7 +291,8 @@ def main(argv=None) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     budgets = [int(b) for b in args.budgets.split(",")]
-    shapes = [Shape("chain"), Shape("ddtree"), Shape("cure-paper")] + [
+    shapes = [Shape("chain"), Shape("ddtree"), Shape("cure-paper")] + (
+        [Shape("chain-short", short=True), Shape("ddtree-short", short=True)] if args.short_blocks else []) + [
         Shape(f"cure-best-first-r{spec}", int(spec.split("@")[0]), float(spec.split("@")[1]) if "@" in spec else 1.0)
         for spec in args.redrafts.split(",")]
     check = {} if args.check else None

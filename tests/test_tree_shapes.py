@@ -33,3 +33,37 @@ def test_accept_walks_the_known_truth_and_flags_censoring():
         assert mod.accept(tree, (5, 6), complete=False) == (2, True)      # node 6 has a child past the output's end
         assert mod.accept(tree, (5, 6), complete=True) == (2, False)      # known truth: 7 was simply not next
         assert mod.accept(tree, (4,), complete=True) == (0, False)
+
+
+def test_short_blocks_record_what_a_block_of_v_masks_would_propose():
+    """--short-blocks (#13 item 2): for every V below the block, the proposal of [root, mask x V], recorded
+    beside the full block's; replayed only by the -short shapes; nothing for a drafter without a block forward."""
+    import torch
+    from cure_core.config import DecodeConfig
+    from cure_core.drafters.base import Proposal
+
+    class BlockDrafter:                                 # logits depend on the block's length, as DFlash's do
+        mask_token_id = 99
+
+        def __init__(self):
+            self.blocks = []
+
+        def forward_blocks(self, blocks):
+            self.blocks += blocks
+            return [torch.arange(12, dtype=torch.float32).repeat(len(b), 1) * len(b) for b in blocks]
+
+        def to_target_ids(self, cols):
+            return cols
+
+    with benchmark_script("tree_shapes") as mod:
+        inner = BlockDrafter()
+        rec = mod.Recorder(inner, [mod.Shape("chain")], [3, 5, 8], DecodeConfig(k=8), short=True)
+        got = rec.short_blocks(7, 7)
+        assert sorted(got) == [3, 5] and inner.blocks == [[7] + [99] * 3, [7] + [99] * 5]
+        assert got[3].top_ids.shape == (3, 8) and got[3].top_logprobs[0, 0] > got[3].top_logprobs[0, 1]
+        assert mod.Recorder(object(), [], [3], DecodeConfig(k=8), short=True).short_blocks(7, 7) == {}
+        full = Proposal([1] * 7, torch.zeros(7, 8, dtype=torch.long), torch.zeros(7, 8))
+        r = mod.Recorded(full, {}, (1,) * 7, True, 0, 7, "x", got)
+        assert mod.proposal_for(mod.Shape("chain-short", short=True), r, 3) is got[3]
+        assert mod.proposal_for(mod.Shape("chain"), r, 3) is full
+        assert mod.proposal_for(mod.Shape("chain-short", short=True), r, 8) is full
