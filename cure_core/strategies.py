@@ -17,6 +17,8 @@ import math
 import time
 from dataclasses import dataclass, field
 
+import torch
+
 from .block import UFP
 from .config import DecodeConfig
 from .drafters.base import Drafter, Proposal
@@ -135,23 +137,42 @@ def best_first(base: Table, budget: int, under: dict[tuple[int, ...], Table] | N
 
 
 def mix(base: Table, redrafted: Table, weight: float) -> Table:
-    """The re-drafted rows blended with the proposal's rows at the same depths: per candidate
-    p = weight * p_redraft + (1 - weight) * p_proposal (a candidate outside one table's top-k counts 0
-    there), best first, as wide as the re-draft. weight 1: the re-draft alone."""
+    """One re-drafted table blended with the proposal's rows at the same depths (see `blend`)."""
     if weight >= 1.0:
         return redrafted
-    ids, logp = [], []
-    for r, (rid, rlp) in enumerate(zip(redrafted.ids, redrafted.logp)):
-        row = redrafted.first + r - base.first
-        mass: dict[int, float] = {}
-        for t, lp in zip(rid, rlp):
-            mass[t] = mass.get(t, 0.0) + weight * math.exp(lp)
-        for t, lp in zip(base.ids[row], base.logp[row]):
-            mass[t] = mass.get(t, 0.0) + (1.0 - weight) * math.exp(lp)
-        best = sorted(mass.items(), key=lambda kv: -kv[1])[: len(rid)]
-        ids.append([t for t, _ in best])
-        logp.append([math.log(m) if m > 0 else -math.inf for _, m in best])
-    return Table(ids, logp, redrafted.first)
+    return blend(torch.tensor(base.ids), torch.tensor(base.logp, dtype=torch.float64), base.first,
+                 [(redrafted.first, torch.tensor(redrafted.ids), torch.tensor(redrafted.logp))], weight)[0]
+
+
+def blend(base_ids: torch.Tensor, base_logp: torch.Tensor, base_first: int,
+          redrafts: list[tuple[int, torch.Tensor, torch.Tensor]], weight: float) -> list[Table]:
+    """The re-drafted rows blended with the proposal's rows at the same depths: per candidate
+    p = weight * p_redraft + (1 - weight) * p_proposal (a candidate outside one table's top-k counts 0
+    there), best first, each table as wide as its re-draft. All re-drafts' rows in one vectorised pass
+    (this runs on every block that re-drafts; per-candidate Python cost ~0.2 ms at width 64).
+    base_ids/base_logp: [n, Wb] from depth base_first; redrafts: (first depth, ids [r, W], logp [r, W])."""
+    sizes = [ids.shape[0] for _, ids, _ in redrafts]
+    rows = torch.cat([torch.arange(first - base_first, first - base_first + ids.shape[0])
+                      for first, ids, _ in redrafts]).to(base_ids.device)         # [R] base row per blended row
+    r_ids = torch.cat([ids for _, ids, _ in redrafts]).to(base_ids.device)       # [R, W]
+    r_lp = torch.cat([lp for _, _, lp in redrafts]).to(base_ids.device, torch.float64)
+    width = r_ids.shape[1]
+    ids = torch.cat([r_ids, base_ids[rows]], dim=1)                              # [R, W + Wb]
+    mass = torch.cat([weight * r_lp.exp(), (1.0 - weight) * base_logp[rows].to(torch.float64).exp()], dim=1)
+    ids, order = ids.sort(dim=1, stable=True)                                    # equal ids side by side
+    mass = mass.gather(1, order)
+    starts = torch.ones_like(ids, dtype=torch.bool)
+    starts[:, 1:] = ids[:, 1:] != ids[:, :-1]
+    run = starts.long().cumsum(1) - 1                                            # [R, W + Wb] run of each id
+    summed = torch.zeros_like(mass).scatter_add_(1, run, mass)                   # mass per distinct id
+    run_ids = torch.zeros_like(ids).scatter_(1, run, ids)
+    top, at = summed.topk(width, dim=1)                                          # best first, [R, W]
+    out_ids, out_lp = run_ids.gather(1, at).tolist(), top.log().tolist()         # mass 0 -> -inf: never pushed
+    tables, i = [], 0
+    for (first, _, _), n in zip(redrafts, sizes):
+        tables.append(Table(out_ids[i:i + n], out_lp[i:i + n], first))
+        i += n
+    return tables
 
 
 def build_ddtree(cfg: DecodeConfig, proposal: Proposal) -> DraftTree:
@@ -183,8 +204,13 @@ def build_cure_best_first(cfg: DecodeConfig, proposal: Proposal, drafter: Drafte
     t0 = time.perf_counter()
     redrafted = drafter.redraft_topk(prefixes, [n - len(p) for p in prefixes], len(base.ids[0]))
     redraft_ms = (time.perf_counter() - t0) * 1e3
-    under = {tuple(p): mix(base, Table.of(r, first=len(p) + 1), cfg.redraft_weight)
-             for p, r in zip(prefixes, redrafted) if len(r.tokens)}
+    live = [(tuple(p), r) for p, r in zip(prefixes, redrafted) if len(r.tokens)]
+    if cfg.redraft_weight >= 1.0 or not live:
+        under = {p: Table.of(r, first=len(p) + 1) for p, r in live}
+    else:
+        tables = blend(proposal.top_ids, proposal.top_logprobs, 1,
+                       [(len(p) + 1, r.top_ids, r.top_logprobs) for p, r in live], cfg.redraft_weight)
+        under = {p: t for (p, _), t in zip(live, tables)}
     final = best_first(base, cfg.v_max, under)
     margins = proposal.margins
     by_pos: dict[int, list[int]] = {}
