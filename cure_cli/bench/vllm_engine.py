@@ -185,3 +185,62 @@ def scratch_dir(output_dir: Path | None) -> Path:
 
 def elapsed(t0: float) -> str:
     return f"{time.perf_counter() - t0:.0f} s"
+
+
+# ---------------------------------------------------------------- the bench phase
+
+@dataclass
+class BenchInputs:
+    target: str                          # the target as the user named it (alias, folder or HF id)
+    draft: str | None                    # the block drafter's folder, None when no block strategy ran
+    dtype: str
+    k: int
+    max_new_tokens: int
+    stop_ids: tuple[int, ...]
+    prompts: list[list[int]]
+    task_ids: list[str]
+    ar_tokens: dict[int, list[int]]      # prompt position -> our ar run's tokens
+    ar_tpot_ms: float | None
+    warmup: int
+    warmup_tokens: int
+    threads: int
+    context_limit: int | None
+
+
+def local_folder(name: str) -> str:
+    """A model name as vLLM must see it here (offline): its local folder."""
+    from cure_core.models import _draft_folder_config
+    folder, cfg = _draft_folder_config(name)
+    if cfg is None:
+        raise VllmError(f"--engine vllm: {name!r} is not a local folder vLLM can load (no readable config.json)")
+    return folder
+
+
+def bench_vllm(inp: BenchInputs, work_dir: Path, say: Callable[[str], None]) -> dict:
+    """Export the drafter, run vLLM ar and dflash on the bench's prompts, and return results["engines"]["vllm"]."""
+    from cure_core.vllm_export import export_vllm
+    t0 = time.perf_counter()
+    target = local_folder(inp.target)
+    drafter, notes = None, []
+    if inp.draft is not None:
+        export = export_vllm(inp.draft, work_dir / "drafter", overwrite=True)
+        drafter, notes = str(export.out), export.notes
+        say(f"exported the drafter for vLLM: {export.out} (num_speculative_tokens {inp.k - 1})")
+        if inp.k != export.block_size:
+            notes.append(f"K={inp.k} differs from the drafter's trained block ({export.block_size}): vLLM drafts "
+                         f"K-1={inp.k - 1} tokens, as our runs do")
+    raw = run_vllm(VllmRequest(target, drafter, inp.dtype), k=inp.k, prompts=inp.prompts,
+                   max_new_tokens=inp.max_new_tokens, stop_ids=inp.stop_ids, warmup=inp.warmup,
+                   warmup_tokens=inp.warmup_tokens, threads=inp.threads, work_dir=work_dir,
+                   context_limit=inp.context_limit, on_progress=lambda line: say(f"vllm {line}"))
+    runs = {}
+    for name, res in raw.items():
+        runs[name] = summarize(res, inp.ar_tokens, inp.ar_tpot_ms, inp.task_ids)
+    version = next(iter(raw.values())).get("vllm_version")
+    say(f"vLLM phase done in {elapsed(t0)}")
+    return {"engine": "vllm", "version": version, "hardware": CPU_LABEL, "threads": inp.threads,
+            "label": f"vLLM {version} on this CPU, {inp.threads} thread(s): CPU numbers, not GPU serving numbers",
+            "target": target, "drafter": drafter, "export_notes": notes, "k": inp.k, "dtype": inp.dtype,
+            "definitions": {"tau": "1 + accepted / drafts (vLLM's spec-decode counters)",
+                            "tpot_ms": "(last token time - first token time) / (tokens - 1): prefill excluded"},
+            "runs": runs}
