@@ -7,9 +7,15 @@ as our engine, [anchor, mask x (K-1)], with the same conditioning (target hidden
 is the drafter's trained block size minus one.
 
 What the export changes (each is listed in the result's notes):
-  - `draft_vocab` is dropped. vLLM's draft-vocabulary mapping is fixed per checkpoint, ours also
-    admits every id of the running context (drafters/vocab.py), so there is no faithful mapping:
-    vLLM drafts over the whole vocabulary with the target's lm_head (outputs are lossless either way).
+  - The draft head. Our drafter never proposes its mask token, nor ids past the tokenizer, and a
+    checkpoint's `draft_vocab` limits it further to a ranked id list plus the running context's ids
+    (drafters/vocab.py). vLLM's dflash method drafts over every row of the head it has, so, given the
+    target (`--target`, default: the `target` named in the drafter's drafter.json), the export writes
+    the drafter its own head: the target's output rows for the ids ours may propose, with vLLM's
+    `d2t` offsets mapping them back to target ids (`draft_vocab_size` in the config). The context's
+    extra ids cannot be expressed (the map is fixed per checkpoint): a token only they would have
+    drafted is not drafted in vLLM. Without a target the drafter shares the target's whole head and
+    vLLM may propose the mask token (never accepted, only slower).
   - `output_multiplier` becomes vLLM's `logit_scale`; the ids and block size our loader would default
     are written out explicitly, so vLLM reads what our engine uses.
   - embed_tokens / lm_head weights in the checkpoint are dropped: our loader ignores them too (the
@@ -58,6 +64,8 @@ class ExportResult:
     mask_token_id: int
     dtype: str
     notes: list[str] = field(default_factory=list)
+    head: str | None = None                       # the target whose output rows make the draft head, if any
+    draft_vocab: torch.Tensor | None = field(default=None, repr=False)
 
     @property
     def num_speculative_tokens(self) -> int:
@@ -161,10 +169,7 @@ def plan_dflash(path: Path, dtype: str | None = None) -> tuple[dict, dict[str, t
     except ModelLoadError as e:
         raise ExportError(str(e)) from None
     notes = []
-    if "draft_vocab" in state:
-        n = int(state.pop("draft_vocab").numel())
-        notes.append(f"draft_vocab ({n} ids) dropped: vLLM drafts over the whole vocabulary with the target's "
-                     f"lm_head (its fixed draft-vocabulary map cannot add the context's ids as ours does)")
+    draft_vocab = state.pop("draft_vocab", None)
     shared = sorted(k for k in state if k.startswith(("embed_tokens.", "lm_head.")))
     for k in shared:
         del state[k]
@@ -197,11 +202,62 @@ def plan_dflash(path: Path, dtype: str | None = None) -> tuple[dict, dict[str, t
         notes.append(f"output_multiplier {multiplier} written as vLLM's logit_scale")
     result = ExportResult(out=path, kind="dflash", block_size=block_size, target_layer_ids=ids,
                           mask_token_id=int(mask_id), dtype=out_dtype, notes=notes)
+    result.draft_vocab = draft_vocab
     return cfg, state, result
 
 
-def export_vllm(drafter: str, out: str | Path, dtype: str | None = None, overwrite: bool = False) -> ExportResult:
-    """Write `drafter` (a folder or embedded alias) as a vLLM drafter folder at `out`."""
+def default_target(folder: Path) -> str | None:
+    """The target a shipped or trained drafter names in its drafter.json, if any."""
+    try:
+        card = json.loads((folder / "drafter.json").read_text())
+    except (OSError, ValueError, RecursionError):
+        return None
+    target = card.get("target") if isinstance(card, dict) else None
+    return target if isinstance(target, str) and target else None
+
+
+def add_draft_head(cfg: dict, state: dict[str, torch.Tensor], result: ExportResult, target: str,
+                   dtype: str | None = None) -> None:
+    """Give the exported drafter its own head: the target's output rows for the ids our drafter may propose
+    (the checkpoint's draft_vocab, else every tokenizer id), never the mask, with vLLM's d2t offsets."""
+    from .drafters.vocab import DraftVocab
+    from .models import load_model, load_tokenizer
+    try:
+        model, path = load_model(target)
+    except ModelLoadError as e:
+        raise ExportError(f"--target: {e}") from None
+    head = model.get_output_embeddings()
+    if getattr(head, "bias", None) is not None:
+        raise ExportError(f"the target {target!r} has an lm_head bias, which vLLM's draft head cannot carry")
+    weight = head.weight.detach()
+    if weight.shape[1] != int(cfg["hidden_size"]):
+        raise ExportError(f"the target {target!r} has hidden size {weight.shape[1]}; the drafter expects "
+                          f"{cfg['hidden_size']}")
+    n_vocab = len(load_tokenizer(path))
+    source = result.draft_vocab if result.draft_vocab is not None else torch.arange(n_vocab)
+    try:
+        ids = torch.tensor(DraftVocab(source.long(), result.mask_token_id, n_vocab).fixed, dtype=torch.long)
+    except ModelLoadError as e:
+        raise ExportError(str(e)) from None
+    # Rule: the rows keep the target's precision (float32 as loaded here) unless --dtype says otherwise, so
+    # a float32 vLLM run scores drafts with the same head values as our engine.
+    rows = weight.index_select(0, ids)
+    state["lm_head.weight"] = (rows.to(EXPORT_DTYPES[dtype]) if dtype else rows).contiguous()
+    state["d2t"] = ids - torch.arange(ids.numel())
+    cfg.update({"draft_vocab_size": int(ids.numel()), "vocab_size": int(weight.shape[0])})
+    what = (f"the checkpoint's draft_vocab ({ids.numel()} ids)" if result.draft_vocab is not None
+            else f"every tokenizer id but the mask ({ids.numel()} ids)")
+    result.notes.append(f"draft head: {what} cut from {target}'s lm_head, with d2t offsets"
+                        + ("; the context's extra ids ours also drafts cannot be added in vLLM"
+                           if result.draft_vocab is not None else ""))
+    result.head = str(target)
+
+
+def export_vllm(drafter: str, out: str | Path, dtype: str | None = None, overwrite: bool = False,
+                target: str | None = None, shared_head: bool = False) -> ExportResult:
+    """Write `drafter` (a folder or embedded alias) as a vLLM drafter folder at `out`. `target` (default:
+    the drafter's drafter.json `target`) gives the drafter its own draft head (see the module doc);
+    `shared_head` skips that: the drafter uses the target's whole head in vLLM."""
     from safetensors.torch import save_file
     src = _resolve_folder(drafter)
     kind = drafter_kind(src)
@@ -214,6 +270,16 @@ def export_vllm(drafter: str, out: str | Path, dtype: str | None = None, overwri
         raise ExportError(f"{out} already exists and is not empty; choose another folder or pass --overwrite")
     cfg, state, result = plan_dflash(src, dtype)
     result.out = out
+    if shared_head and target:
+        raise ExportError("--shared-head keeps the target's whole head: it takes no --target")
+    target = None if shared_head else (target or default_target(src))
+    if target is not None:
+        add_draft_head(cfg, state, result, target, dtype)
+    else:
+        result.notes.append(("--shared-head" if shared_head else "no target given (--target)") + ": the drafter shares the target's whole lm_head in vLLM, "
+                            "so it may propose its mask token, which ours never does"
+                            + (f"; its draft_vocab ({result.draft_vocab.numel()} ids) is dropped"
+                               if result.draft_vocab is not None else ""))
     tmp = out.parent / f".{out.name}.tmp{os.getpid()}"
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -226,7 +292,7 @@ def export_vllm(drafter: str, out: str | Path, dtype: str | None = None, overwri
         for name in TOKENIZER_FILES:
             if (src / name).is_file():
                 shutil.copy2(src / name, tmp / name)
-        note = {"source": str(src), "kind": kind, "served_by": VLLM_KINDS[kind],
+        note = {"source": str(src), "kind": kind, "served_by": VLLM_KINDS[kind], "head_from": result.head,
                 "speculative_config": result.speculative_config(), "notes": result.notes}
         (tmp / EXPORT_NOTE_FILE).write_text(json.dumps(note, indent=2) + "\n")
         if out.exists():

@@ -43,10 +43,12 @@ def saved(tmp_path_factory):
     model = build_model(cfg, target.config)
     init_from_target(model, target, layer_ids)
     save_dflash(root / "draft", model, cfg, dtype=torch.float32)
-    r = CliRunner().invoke(app, ["export-vllm", str(root / "draft"), str(root / "vllm-draft"), "--json"])
+    r = CliRunner().invoke(app, ["export-vllm", str(root / "draft"), str(root / "vllm-draft"), "--target", str(root / "target"),
+                                  "--json"])
     assert r.exit_code == 0, r.output
     export = json.loads(r.stdout)
     assert export["speculative_config"]["num_speculative_tokens"] == BLOCK - 1
+    assert export["head_from"] == str(root / "target")          # its own head: every id but the mask, as ours
     return root, target, tok
 
 

@@ -223,7 +223,7 @@ def bench_vllm(inp: BenchInputs, work_dir: Path, say: Callable[[str], None]) -> 
     target = local_folder(inp.target)
     drafter, notes = None, []
     if inp.draft is not None:
-        export = export_vllm(inp.draft, work_dir / "drafter", overwrite=True)
+        export = export_vllm(inp.draft, work_dir / "drafter", overwrite=True, target=inp.target)
         drafter, notes = str(export.out), export.notes
         say(f"exported the drafter for vLLM: {export.out} (num_speculative_tokens {inp.k - 1})")
         if inp.k != export.block_size:

@@ -69,10 +69,22 @@ def _delta(after: dict, before: dict) -> dict:
             "accepted": after["accepted"] - before["accepted"], "accepted_per_pos": per}
 
 
+def kv_cache_bytes(target: str, max_model_len: int, dtype: str) -> int:
+    """KV bytes for one request of max_model_len tokens, target and a draft of the same width, doubled, plus
+    64 MiB: sized to the job, not to vLLM's default (a fixed share of the machine's memory, which fails on a
+    machine whose memory is busy with other work)."""
+    cfg = json.loads(open(os.path.join(target, "config.json"), encoding="utf-8").read())
+    cfg = cfg.get("text_config", cfg)
+    heads = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    width = 4 if dtype in ("float32", "fp32") else 2
+    per_token = 2 * (cfg["num_hidden_layers"] + 4) * heads * head_dim * width
+    return 2 * per_token * max_model_len + (64 << 20)
+
+
 def main(request_path: str, result_path: str) -> int:
     req = json.loads(open(request_path, encoding="utf-8").read())
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")      # the engine in this process: hooks see it
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")              # GiB: enough for one request at a time
     if req.get("threads"):
         os.environ["OMP_NUM_THREADS"] = str(req["threads"])
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{int(req['threads']) - 1}")
@@ -87,7 +99,8 @@ def main(request_path: str, result_path: str) -> int:
     say(f"{kind}: loading {req['target']}" + (f" with the drafter {req['draft']}" if spec else ""))
     llm = LLM(model=req["target"], speculative_config=spec, dtype=req.get("dtype", "float32"),
               max_model_len=int(req["max_model_len"]), enforce_eager=True, seed=int(req.get("seed", 0)),
-              disable_log_stats=False, skip_tokenizer_init=False)
+              disable_log_stats=False, skip_tokenizer_init=False,
+              kv_cache_memory_bytes=kv_cache_bytes(req["target"], int(req["max_model_len"]), req.get("dtype", "float32")))
     load_s = time.perf_counter() - t0
     stop = [int(t) for t in req.get("stop_ids") or []]
 
