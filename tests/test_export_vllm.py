@@ -9,7 +9,8 @@ from typer.testing import CliRunner
 
 from cure_cli.main import app
 from cure_core.defaults import ASSETS
-from cure_core.tiny import BYTE_VOCAB, MASK_ID, save_tiny_pair, tiny_target
+from cure_core.drafters.dflash import load_dflash_model
+from cure_core.tiny import BYTE_VOCAB, MASK_ID, byte_tokenizer, save_tiny_pair, tiny_target
 from cure_core.training.dflash_train import build_model, draft_config_dict, init_from_target, save_dflash
 
 runner = CliRunner()
@@ -27,7 +28,9 @@ def dflash(tmp_path_factory):
     cfg = draft_config_dict(target.config, [0, 2], 1, 6, MASK_ID, attention_bias=False)
     model = build_model(cfg, target.config)
     init_from_target(model, target, [0, 2])
-    save_dflash(root / "draft", model, cfg, dtype=torch.float32, draft_vocab=torch.arange(0, 200))
+    save_dflash(root / "draft", model, cfg, dtype=torch.float32, draft_vocab=torch.tensor([MASK_ID, *range(0, 200), 5]))
+    target.save_pretrained(root / "target")
+    byte_tokenizer().save_pretrained(root / "target")
     return root, target
 
 
@@ -36,7 +39,7 @@ def test_writes_vllms_dflash_layout_and_the_serve_line(dflash, tmp_path):
     r = export(root / "draft", tmp_path / "out")
     assert r.exit_code == 0, r.output
     assert "num_speculative_tokens\": 5" in r.stdout and r.stdout.startswith(f"wrote {tmp_path / 'out'}")
-    assert "draft_vocab (200 ids) dropped" in r.output
+    assert "no target given" in r.output and "draft_vocab (202 ids) is dropped" in r.output
     cfg = json.loads((tmp_path / "out" / "config.json").read_text())
     assert cfg["architectures"] == ["DFlashDraftModel"] and cfg["model_type"] == "qwen3"
     assert cfg["dflash_config"] == {"mask_token_id": MASK_ID, "target_layer_ids": [0, 2]}
@@ -46,6 +49,32 @@ def test_writes_vllms_dflash_layout_and_the_serve_line(dflash, tmp_path):
     assert all(torch.equal(out[k], src[k]) for k in out)
     note = json.loads((tmp_path / "out" / "cure_export.json").read_text())
     assert note["speculative_config"] == {"method": "dflash", "model": str(tmp_path / "out"), "num_speculative_tokens": 5}
+
+
+def test_with_the_target_the_export_gets_its_own_head_over_our_draft_ids(dflash, tmp_path):
+    root, target = dflash
+    r = export(root / "draft", tmp_path / "out", "--target", root / "target", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["head_from"] == str(root / "target")
+    out = load_file(str(tmp_path / "out" / "model.safetensors"))
+    ids = out["d2t"] + torch.arange(out["d2t"].numel())               # vLLM: target id = index + d2t[index]
+    assert ids.tolist() == list(range(200))                            # the draft_vocab: mask dropped, no repeats
+    assert torch.equal(out["lm_head.weight"], target.lm_head.weight.detach()[ids])   # float32 rows, as loaded
+    cfg = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert cfg["draft_vocab_size"] == 200 and cfg["vocab_size"] == BYTE_VOCAB
+    # no draft_vocab: every tokenizer id but the mask
+    cfg_src = json.loads((root / "draft" / "config.json").read_text())
+    model, _ = load_dflash_model(root / "draft", target)
+    save_dflash(tmp_path / "plain", model, cfg_src, dtype=torch.float32)
+    r = export(tmp_path / "plain", tmp_path / "out2", "--target", root / "target", "--dtype", "bfloat16")
+    assert r.exit_code == 0, r.output
+    out = load_file(str(tmp_path / "out2" / "model.safetensors"))
+    ids = (out["d2t"] + torch.arange(out["d2t"].numel())).tolist()
+    assert ids == [i for i in range(BYTE_VOCAB) if i != MASK_ID] and out["lm_head.weight"].dtype == torch.bfloat16
+    r = export(root / "draft", tmp_path / "out3", "--target", root / "target", "--shared-head")
+    assert r.exit_code == 2 and "takes no --target" in r.output
+    r = export(root / "draft", tmp_path / "out3", "--target", tmp_path / "missing")
+    assert r.exit_code == 2 and "--target" in r.output and not (tmp_path / "out3").exists()
 
 
 def test_the_export_drafts_as_the_original_without_its_vocabulary(dflash, tmp_path):
@@ -143,7 +172,7 @@ def test_a_failed_write_leaves_nothing_behind(dflash, tmp_path, monkeypatch):
 
 def test_the_shipped_default_drafter_exports(tmp_path):
     shipped = ASSETS / "drafters" / "qwen-coder-0.5b"
-    r = export(shipped, tmp_path / "out", "--json")
+    r = export(shipped, tmp_path / "out", "--json", "--shared-head")     # its target needs the [models] extra
     assert r.exit_code == 0, r.output
     obj = json.loads(r.stdout)
     cfg = json.loads((Path(obj["out"]) / "config.json").read_text())
