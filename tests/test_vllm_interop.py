@@ -1,4 +1,4 @@
-"""End to end with vLLM (CPU build, its own venv): a drafter saved by our code, exported by
+"""End to end with vLLM (CPU build, its own venv): a drafter trained by `cure train-drafter`, exported by
 `cure export-vllm`, loaded by vLLM's dflash method.
 
 - vLLM's greedy output with our drafter == HF greedy == `cure generate`, prompt by prompt;
@@ -29,26 +29,27 @@ BLOCK = 8
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    """A tiny target (head_dim 32) and a DFlash drafter built and saved by our training code, exported."""
-    from cure_core.tiny import MASK_ID, byte_tokenizer, tiny_target
-    from cure_core.training.dflash_train import build_model, draft_config_dict, init_from_target, save_dflash
+    """A tiny target (head_dim 32) and a DFlash drafter trained for it by `cure train-drafter` (self-distilled,
+    with a draft vocabulary as the shipped drafter has), exported by `cure export-vllm`."""
+    from cure_core.tiny import byte_tokenizer, tiny_target
     root = tmp_path_factory.mktemp("vllm_interop")
     target = tiny_target(seed=0, hidden=128, heads=4, kv_heads=2, layers=4)
     assert target.config.head_dim >= 32
     tok = byte_tokenizer()
     target.save_pretrained(root / "target")
     tok.save_pretrained(root / "target")
-    layer_ids = [0, 2]
-    cfg = draft_config_dict(target.config, layer_ids, 1, BLOCK, MASK_ID, attention_bias=False)
-    model = build_model(cfg, target.config)
-    init_from_target(model, target, layer_ids)
-    save_dflash(root / "draft", model, cfg, dtype=torch.float32)
+    r = CliRunner().invoke(app, [
+        "train-drafter", "--target", str(root / "target"), "--kind", "dflash", "--out", str(root / "draft"),
+        "--corpus", "self-distill", "--distill-prompts", "16", "--distill-tokens", "64", "--steps", "300",
+        "--block-size", str(BLOCK), "--lr", "3e-3", "--batch", "2", "--anchors", "8", "--seq-len", "64",
+        "--max-tokens", "3000", "--threads", "1", "--eval-prompts", "0", "--draft-vocab", "256"])
+    assert r.exit_code == 0, r.output
     r = CliRunner().invoke(app, ["export-vllm", str(root / "draft"), str(root / "vllm-draft"), "--target", str(root / "target"),
                                   "--json"])
     assert r.exit_code == 0, r.output
     export = json.loads(r.stdout)
     assert export["speculative_config"]["num_speculative_tokens"] == BLOCK - 1
-    assert export["head_from"] == str(root / "target")          # its own head: every id but the mask, as ours
+    assert export["head_from"] == str(root / "target")          # its own head over the draft vocabulary
     return root, target, tok
 
 
@@ -68,13 +69,17 @@ def _cure_generate(root, text):
 def _our_proposals(root, target, contexts):
     """Our drafter on each context: features of the context from the target, anchor = its greedy next token."""
     from cure_core.drafters.dflash import load_dflash
-    drafter = load_dflash(root / "draft", target)
+    from cure_core.tiny import BYTE_VOCAB
+    drafter = load_dflash(root / "draft", target, vocab_size=BYTE_VOCAB)
+    fixed = set(drafter.vocab.fixed)
     out = []
     with torch.no_grad():
         for ids in contexts:
             res = target(torch.tensor([ids]), output_hidden_states=True)
             hidden = torch.cat([res.hidden_states[i][0] for i in drafter.target_layers], dim=-1)
             anchor = int(res.logits[0, -1].argmax())
+            # Ours also drafts the context's ids; vLLM's head is fixed. Inside the fixed list they agree exactly.
+            assert set(ids) | {anchor} <= fixed, "a fixed context falls outside the draft vocabulary"
             drafter.reset(ids, hidden)
             out.append((anchor, drafter.propose(anchor, BLOCK - 1, 1).tokens))
     return out
@@ -106,7 +111,7 @@ def test_vllm_dflash_with_our_drafter_equals_hf_greedy_and_cure_generate(saved, 
     assert not diffs, f"vLLM's proposals differ from our drafter's: {diffs[:2]}"
     drafts = sum(r["drafts"] for r in vllm["vllm-dflash"]["prompts"])
     accepted = sum(r["accepted"] for r in vllm["vllm-dflash"]["prompts"])
-    assert drafts > 0                       # the drafter ran in vLLM's loop
+    assert drafts > 0 and accepted > 0      # the drafter ran in vLLM's loop, and vLLM accepted some of its drafts
     print(f"\nvLLM {vllm['vllm-dflash']['vllm_version']} dflash output == HF greedy == cure generate on "
           f"{len(PROMPTS)}/{len(PROMPTS)} prompts ({NEW_TOKENS} tokens each; vLLM ar too); proposals equal on "
           f"{equal}/{len(CONTEXTS)} fixed contexts (K={BLOCK}); vLLM tau {1 + accepted / drafts:.2f} "
