@@ -100,6 +100,7 @@ def main(request_path: str, result_path: str) -> int:
     llm = LLM(model=req["target"], speculative_config=spec, dtype=req.get("dtype", "float32"),
               max_model_len=int(req["max_model_len"]), enforce_eager=True, seed=int(req.get("seed", 0)),
               disable_log_stats=False, skip_tokenizer_init=False,
+              generation_config="vllm",                # the request's sampling only, not the model's defaults
               kv_cache_memory_bytes=kv_cache_bytes(req["target"], int(req["max_model_len"]), req.get("dtype", "float32")))
     load_s = time.perf_counter() - t0
     stop = [int(t) for t in req.get("stop_ids") or []]
