@@ -1,10 +1,8 @@
 """`cure bench --engine vllm` without vLLM: the early refusals, the worker protocol (a fake venv python
 that speaks it), the summary maths, and the bench end to end with the fake."""
 import json
-import os
 import stat
 import sys
-import textwrap
 
 import pytest
 import torch

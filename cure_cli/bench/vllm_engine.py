@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import tempfile
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -174,13 +173,6 @@ def compare_proposals(vllm_props: Sequence[dict], ours: Sequence[tuple[int, list
         if v["anchor"] != anchor or list(v["draft"]) != list(draft):
             diffs.append({"context": i, "vllm": [v["anchor"], *v["draft"]], "cure": [anchor, *draft]})
     return len(vllm_props) - len(diffs), diffs
-
-
-def scratch_dir(output_dir: Path | None) -> Path:
-    """Where the exported drafter and the worker's files go: the bench's output dir, else a temp dir."""
-    if output_dir is not None:
-        return Path(output_dir) / "vllm"
-    return Path(tempfile.mkdtemp(prefix="cure-vllm-"))
 
 
 def elapsed(t0: float) -> str:
