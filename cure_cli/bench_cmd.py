@@ -271,6 +271,55 @@ def write_report(p: Plan, m: Loaded, args: EngineArgs, finished: list[PairResult
     return results
 
 
+# ---------------------------------------------------------------- --engine vllm
+
+def check_engine(engine: str, p: Plan, args: EngineArgs) -> str | None:
+    """--engine: refuse what vLLM cannot run here before any model loads; the drafter's folder to export
+    (None: no block strategy runs, so vLLM runs ar alone)."""
+    from cure_core.defaults import BLOCK_STRATEGIES, choose_models
+
+    from .bench.vllm_engine import check
+    draft = None
+    if engine == "vllm" and set(p.strategies) & set(BLOCK_STRATEGIES):
+        choice = choose_models(args.target, args.draft, args.ar_draft, p.strategies)
+        if choice.draft is not None:
+            from cure_core.models import _draft_folder_config
+            draft, _ = _draft_folder_config(choice.draft)
+    check(engine, temperature=args.temperature, device=args.device, device_map=args.device_map,
+          strategies=p.strategies, draft_folder=draft)
+    return draft
+
+
+def run_vllm_phase(p: Plan, m: Loaded, args: EngineArgs, results: dict, finished: list[PairResult], output_dir: Path,
+                   draft: str | None, warmup: int, threads: int | None) -> str | None:
+    """The same prompts through vLLM; its rows go to results["engines"]["vllm"] (rewritten to disk).
+    Returns the error line when vLLM failed (our results are kept either way)."""
+    import torch
+
+    from .bench.vllm_engine import BenchInputs, VllmError, bench_vllm
+    position = {q.index: i for i, q in enumerate(m.prompts)}
+    ar = {position[x.prompt_index]: list(x.token_ids) for x in finished if x.run == "ar" and x.prompt_index in position}
+    base = m.runs[0].config
+    pair = m.pair.pair
+    inp = BenchInputs(target=pair.names.get("target") or args.target, draft=draft, dtype=args.dtype, k=base.k,
+                      max_new_tokens=base.max_new_tokens, stop_ids=tuple(pair.eos_ids),
+                      prompts=[list(q.ids) for q in m.prompts], task_ids=[q.task_id for q in m.prompts],
+                      ar_tokens=ar, ar_tpot_ms=(results["metrics"].get("ar") or {}).get("tpot_ms"), warmup=warmup,
+                      warmup_tokens=WARMUP_TOKENS, threads=threads or torch.get_num_threads(),
+                      context_limit=pair.context_limit)
+    say = lambda line: err_console.print(f"[dim]{line}[/]", highlight=False, soft_wrap=True)  # noqa: E731
+    say(f"vLLM phase: {len(inp.prompts)} prompt(s) through vLLM ar" + (" and vLLM dflash" if draft else "")
+        + " (a subprocess in the vLLM venv, on the CPU)")
+    error = None
+    try:
+        results["engines"] = {"vllm": bench_vllm(inp, output_dir / "vllm", say)}
+    except VllmError as e:
+        error = str(e)
+        results["engines"] = {"vllm": {"engine": "vllm", "error": error}}
+    report.write_outputs(output_dir, results, finished)
+    return error
+
+
 @friendly_errors
 @engine_options(exclude=("strategy",))
 def bench(
@@ -287,6 +336,8 @@ def bench(
     plot: Annotated[bool, typer.Option("--plot", help="Write PNG figures (needs matplotlib).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary JSON to stdout (tables go to stderr).")] = False,
     warmup: Annotated[int, typer.Option("--warmup", help="Throw-away generations per run before timing.", min=0)] = 1,
+    engine: Annotated[str, typer.Option("--engine", help="cure: our strategies only | vllm: also run the same prompts through vLLM (ar, and dflash with the exported drafter) in its own venv, on the CPU, and add its rows to the table.")] = "cure",
+    threads: Annotated[Optional[int], typer.Option("--threads", help="CPU threads for torch (and for vLLM with --engine vllm). Default: torch's.", min=1)] = None,
     *, args: EngineArgs,
 ) -> None:
     """Benchmark decoding strategies on one data set: speed, acceptance, losslessness, task score."""
@@ -300,7 +351,11 @@ def bench(
             fail(problem)                                   # before any model loads
     if paper:
         args = args.with_(cure_tree="paper")
+    if threads:
+        import torch
+        torch.set_num_threads(threads)
     p = plan(dataset, prompts, data, limit, strategies, ablate, args)
+    vllm_draft = check_engine(engine, p, args)                 # before any model loads
     with phase_lines():
         m = load(p, args, args.chat)
     pair = m.pair.pair
@@ -339,6 +394,9 @@ def bench(
 
     results = write_report(p, m, args, finished, status, scorer, scoring_note, output_dir,
                            {**models, "names": pair.names}, plot, warmup)
+    vllm_error = None
+    if engine == "vllm" and status == "complete" and results["compared_prompts"]:
+        vllm_error = run_vllm_phase(p, m, args, results, finished, output_dir, vllm_draft, warmup, threads)
     out_console = err_console if as_json else Console()
     if results["compared_prompts"]:
         report.print_tables(out_console, results)
@@ -348,5 +406,7 @@ def bench(
                       f"{output_dir / report.SAMPLES_FILE} | trace: {trace_path}[/]", highlight=False)
     if as_json:
         print(json.dumps(report.summary(results)))
+    if vllm_error:
+        fail(vllm_error)
     if status == "interrupted":
         raise typer.Exit(130)

@@ -6,6 +6,7 @@ import typer
 from .analyze_cmd import analyze
 from .bench_cmd import bench
 from .chat_cmd import chat
+from .export_cmd import export_vllm
 from .generate import generate
 from .inspect_cmd import inspect
 from .models_cmd import models
@@ -25,6 +26,7 @@ app.command()(inspect)
 app.command()(analyze)
 app.command()(models)
 app.command("train-drafter")(train_drafter)
+app.command("export-vllm")(export_vllm)
 
 if __name__ == "__main__":
     app()

@@ -110,7 +110,23 @@ def print_tables(console: Console, results: dict) -> None:
         row += [_f(m["speedup_vs_sd"], "{:.2f}x")] if with_sd else []
         row += [match_s]
         t.add_row(*row)
+    vllm = (results.get("engines") or {}).get("vllm") or {}
+    for name, m in (vllm.get("runs") or {}).items():
+        match = m["match_vs_ar"]
+        match_s = "-" if match is None else ("100%" if match == 1.0 else f"[bold red]{match:.1%}[/]")
+        row = [f"{name} [CPU]", f"{m['tau']:.2f}", _f(m["tpot_ms"], "{:.1f}"), f"{m['tokens_per_s']:.1f}",
+               _f(m["speedup_vs_ar"], "{:.2f}x")]
+        row += ["-"] if with_sd else []
+        t.add_row(*row, match_s)
     console.print(t)
+    if vllm.get("runs"):
+        console.print(f"[dim]vllm-* rows: {vllm['label']}; same prompts, max new tokens, K={vllm['k']}, stop ids "
+                      f"and dtype ({vllm['dtype']}); tau = {vllm['definitions']['tau']}; TPOT = "
+                      f"{vllm['definitions']['tpot_ms']}[/]", highlight=False)
+        for note in vllm.get("export_notes") or []:
+            console.print(f"[dim]vLLM drafter export: {note}[/]", highlight=False)
+    if vllm.get("error"):
+        console.print(f"[bold red]vLLM run failed:[/] {vllm['error']}", highlight=False)
 
     t = _table("trees", ("run", "left"), ("repair win", "right"), ("extra tokens", "right"),
                ("blocks with UFP", "right"), ("tree mean", "right"), ("tree max", "right"))
@@ -184,6 +200,15 @@ def print_tables(console: Console, results: dict) -> None:
 
 
 def print_lossless(console: Console, results: dict) -> None:
+    vllm = ((results.get("engines") or {}).get("vllm") or {}).get("runs") or {}
+    for name, m in vllm.items():
+        if m["match_vs_ar"] is not None and m["mismatches"]:
+            first = m["mismatches"][0]
+            console.print(f"[bold red]MISMATCH: {name} differs from our ar on {len(m['mismatches'])}/{m['prompts']} "
+                          f"prompt(s) (first: {first['task_id']} at token {first['first_diff']})[/]", highlight=False)
+        elif m["match_vs_ar"] is not None:
+            console.print(f"[green]{name}: token-for-token identical to our ar on all {m['prompts']} prompt(s)[/]",
+                          highlight=False)
     lossless = results.get("lossless") or {}
     if not lossless:
         if "ar" not in results["metrics"]:
