@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from cure_core.config import DecodeConfig
-from cure_core.drafters.base import Proposal, top_k_logprobs
+from cure_core.drafters.base import Proposal, proposals
 from cure_core.options import EngineArgs, parse_list
 from cure_core.strategies import build_cure_best_first, build_cure_tree, build_ddtree, proposal_width
 from cure_core.tree import DraftTree
@@ -138,14 +138,9 @@ class Recorder:
         depend on the masks after them."""
         if not hasattr(self.inner, "forward_blocks"):
             return {}
-        out = {}
-        for v in self.budgets:
-            if v < n:
-                rows = self.inner.forward_blocks([[root] + [self.inner.mask_token_id] * v])[0][1:1 + v]
-                cols, logp = top_k_logprobs(rows, self.width)
-                ids = self.inner.to_target_ids(cols)
-                out[v] = Proposal(tokens=ids[:, 0].tolist(), top_ids=ids, top_logprobs=logp)
-        return out
+        short = [v for v in self.budgets if v < n]
+        rows = [self.inner.forward_blocks([[root] + [self.inner.mask_token_id] * v])[0][1:1 + v] for v in short]
+        return dict(zip(short, proposals(rows, self.width, self.inner.to_target_ids))) if short else {}
 
     def propose(self, root: int, n: int, top_k: int) -> Proposal:
         p = self.inner.propose(root, n, max(top_k, self.width))
