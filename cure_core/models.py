@@ -155,17 +155,23 @@ def check_tokenizers_match(target_tok, draft_tok, draft_name: str) -> None:
             f"(e.g. {ex!r} -> {dv[ex]} vs {tv.get(ex)}); the draft must share the target's tokenizer")
 
 
+def config_kind(cfg) -> str:
+    """dflash | pard | ar from a checkpoint's config (a transformers config or its raw JSON dict): a
+    DFlash one declares a DFlash architecture; a PARD one names its mask token (pard_token); anything
+    else drafts autoregressively. The rule `--drafter auto` and `cure export-vllm` apply."""
+    if is_dflash_config(cfg):
+        return "dflash"
+    pard = cfg.get("pard_token") if isinstance(cfg, dict) else getattr(cfg, "pard_token", None)
+    return "pard" if pard is not None else "ar"
+
+
 def detect_drafter(model, kind: str, mask_token_id: int | None) -> tuple[str, int | None]:
-    """--drafter auto: a PARD checkpoint names its mask token in config (pard_token); a DFlash one
-    declares a DFlash architecture; anything else drafts autoregressively."""
+    """--drafter auto: `config_kind`, and a causal LM given a mask token id is PARD."""
     cfg = model.config
     if kind == "auto":
-        if is_dflash_config(cfg):
-            kind = "dflash"
-        elif mask_token_id is not None or getattr(cfg, "pard_token", None) is not None:
+        kind = config_kind(cfg)
+        if kind == "ar" and mask_token_id is not None:
             kind = "pard"
-        else:
-            kind = "ar"
     if kind == "pard":
         mask_token_id = mask_token_id if mask_token_id is not None else getattr(cfg, "pard_token", None)
         if mask_token_id is None:

@@ -37,7 +37,7 @@ import torch
 
 from .drafters.adapted import is_adapted_checkpoint
 from .drafters.dflash import (DEFAULT_BLOCK_SIZE, DFlashModel, _cfg_get, _check_config, _load_state_dict,
-                              default_target_layer_ids, is_dflash_config, read_config)
+                              default_target_layer_ids, read_config)
 from .errors import CureError, ModelLoadError
 
 # drafter kind -> what serves it in vLLM
@@ -82,14 +82,10 @@ class ExportResult:
 
 def drafter_kind(folder: Path) -> str:
     """dflash | pard | pard-adapted | ar, from the checkpoint's config (the same rules as loading)."""
+    from .models import config_kind
     if is_adapted_checkpoint(folder):
         return "pard-adapted"
-    raw = read_config(folder)
-    if is_dflash_config(raw):
-        return "dflash"
-    if raw.get("pard_token") is not None:
-        return "pard"
-    return "ar"
+    return config_kind(read_config(folder))
 
 
 _WHY_NOT = {
