@@ -49,10 +49,13 @@ def cut(p: Proposal, rows: int, cols: int) -> Proposal:
 
 
 class Memo:
-    """A drafter's re-drafts answered from a block's recording (prefix -> the widest, longest re-draft)."""
+    """A drafter's re-drafts answered from a block's recording (prefix -> the widest, longest re-draft).
+    `redrafts_while_drafting`: the recorded drafter's, so best-first cure picks its substitutions by the
+    same rule (a causal chain drafter's chain_substitutions)."""
 
-    def __init__(self, table: dict[tuple[int, ...], Proposal]):
+    def __init__(self, table: dict[tuple[int, ...], Proposal], redrafts_while_drafting: bool = False):
         self.table = table
+        self.redrafts_while_drafting = redrafts_while_drafting
 
     def redraft_topk(self, prefixes, lengths, top_k):
         return [cut(self.table[tuple(p)], n, top_k) for p, n in zip(prefixes, lengths)]
@@ -64,9 +67,10 @@ class Memo:
 class Collector:
     """Answers re-drafts with placeholders while recording which prefixes a shape asks for."""
 
-    def __init__(self, width: int):
+    def __init__(self, width: int, redrafts_while_drafting: bool = False):
         self.asked: set[tuple[int, ...]] = set()
         self.width = width
+        self.redrafts_while_drafting = redrafts_while_drafting
 
     def redraft_topk(self, prefixes, lengths, top_k):
         self.asked.update(tuple(p) for p in prefixes)
@@ -114,6 +118,10 @@ class Recorded:
     recorded_tree: int                        # its tree size
     set: str = ""                             # the prompt set the block's prompt came from
     short: dict = field(default_factory=dict)  # v -> the proposal of a block drafted with only v masks (--short-blocks)
+    chained: bool = False                     # the drafter re-drafts while drafting (a causal chain: ArDrafter)
+
+    def memo(self) -> Memo:
+        return Memo(self.redrafts, self.chained)
 
 
 class Recorder:
@@ -127,6 +135,7 @@ class Recorder:
         self.want_short = short
         self.check = check                      # rebuild every shape with the live drafter and compare
         self.checked = self.differ = 0
+        self.chained = bool(getattr(drafter, "redrafts_while_drafting", False))
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -144,7 +153,7 @@ class Recorder:
 
     def propose(self, root: int, n: int, top_k: int) -> Proposal:
         p = self.inner.propose(root, n, max(top_k, self.width))
-        collect = Collector(self.width)
+        collect = Collector(self.width, self.chained)
         for shape in self.shapes:                   # which prefixes does any shape re-draft?
             for v in self.budgets:
                 if shape.name.startswith("cure"):
@@ -156,7 +165,7 @@ class Recorder:
         if self.check:                          # the memo answers as the live drafter would
             for shape in self.shapes:
                 for v in self.budgets:
-                    a = shape_tree(shape, self.base, p, v, Memo(self.blocks[-1][1]))
+                    a = shape_tree(shape, self.base, p, v, Memo(self.blocks[-1][1], self.chained))
                     b = shape_tree(shape, self.base, p, v, self.inner)
                     self.checked += 1
                     self.differ += (a.tokens, a.parents) != (b.tokens, b.parents)
@@ -180,7 +189,7 @@ def record(pair, prompts, cfg: DecodeConfig, shapes, budgets, progress=lambda i:
                 at = b.context_len + 1                     # the root sits at context_len
                 truth = tuple(sequence[at: at + len(p.tokens)])
                 out.append(Recorded(p, memo, truth, len(truth) == len(p.tokens), b.accept_length, b.tree_size,
-                                    set_name, short))
+                                    set_name, short, rec.chained))
             progress(i)
     finally:
         pair.drafter = rec.inner
@@ -212,7 +221,7 @@ def replay(records: list[Recorded], shapes, budgets, base: DecodeConfig) -> dict
     accepted, censored, sizes = {}, {}, {}
     for shape in shapes:
         for v in budgets:
-            got = [accept(t := shape_tree(shape, base, proposal_for(shape, r, v), v, Memo(r.redrafts)), r.truth,
+            got = [accept(t := shape_tree(shape, base, proposal_for(shape, r, v), v, r.memo()), r.truth,
                           r.complete) + (len(t),) for r in records]
             accepted[(shape.name, v)] = statistics.mean(a for a, _, _ in got)
             censored[(shape.name, v)] = sum(c for _, c, _ in got)

@@ -59,9 +59,11 @@ class DecodeConfig:
     # --- CURE's tree (strategies.py) ---
     cure_tree: str = "best-first" # best-first: nodes by joint draft log-prob, suffixes re-drafted under the
                                   # best substitutions | paper: branch 0 + repair branches at UFPs (the paper's)
-    redrafts: int = 2             # best-first: substitutions whose subtree is re-drafted per block (one pass)
-    redraft_weight: float = 0.5   # best-first: weight of the re-drafted distribution below a substitution,
-                                  # blended with the proposal's (1: the re-draft alone; strategies.mix)
+    redrafts: int | None = None   # best-first: substitutions whose subtree is re-drafted per block (one pass);
+                                  # None: the drafter's (Drafter.redraft_policy: 2 for DFlash, 3 for an AR chain)
+    redraft_weight: float | None = None  # best-first: weight of the re-drafted distribution below a substitution,
+                                  # blended with the proposal's (1: the re-draft alone; strategies.blend);
+                                  # None: the drafter's (0.5 for DFlash, 1 for an AR chain)
     # --- ablations (paper Table 4) ---
     keep_branch0: bool = True     # False: the drafted block is not verified unless a repair shares it
     resync: bool = True           # False: the drafter is fed branch 0's tokens instead of the emitted ones
@@ -81,9 +83,9 @@ class DecodeConfig:
             raise ConfigError(f"unknown strategy {self.strategy!r}; choose one of {', '.join(STRATEGIES)}")
         if self.cure_tree not in CURE_TREES:
             raise ConfigError(f"unknown CURE tree {self.cure_tree!r}; choose one of {', '.join(CURE_TREES)}")
-        if not 0.0 <= self.redraft_weight <= 1.0:
+        if self.redraft_weight is not None and not 0.0 <= self.redraft_weight <= 1.0:
             raise ConfigError(f"`redraft_weight` must lie in [0, 1], got {self.redraft_weight}")
-        if self.redrafts < 0:
+        if self.redrafts is not None and self.redrafts < 0:
             raise ConfigError(f"`redrafts` must be >= 0, got {self.redrafts}")
         if self.kv_cache not in KV_LAYOUTS:
             raise ConfigError(f"unknown KV cache layout {self.kv_cache!r}; choose one of {', '.join(KV_LAYOUTS)}")

@@ -20,7 +20,7 @@ from .drafters.base import Drafter
 from .errors import CureError
 from .lm import CachedLM, padded_size
 from .metrics import common_prefix
-from .strategies import CHAIN_STRATEGIES, build_tree, proposal_width
+from .strategies import CHAIN_STRATEGIES, build_tree, propose
 from .tree import DraftTree, greedy_accept, sample_accept
 
 
@@ -236,8 +236,7 @@ class Engine:
 
             # Step 1. Draft a block.
             t_draft = now()
-            width = proposal_width(block_cfg, block_cfg.v_max)
-            proposal = drafter.propose(root, room, width) if drafter is not None and room > 0 else None
+            proposal = propose(block_cfg, drafter, root, room) if drafter is not None and room > 0 else None
 
             # Steps 2-5. UFPs, branch budget, repair branches (re-drafted inside), trie under V_max.
             t_tree = now()

@@ -21,7 +21,7 @@ import torch
 
 from .block import UFP
 from .config import DecodeConfig
-from .drafters.base import Drafter, Proposal
+from .drafters.base import DEFAULT_REDRAFTS, Drafter, Proposal, RedraftPolicy, chain_substitutions
 from .tree import DraftTree
 
 
@@ -44,6 +44,30 @@ def proposal_width(cfg: DecodeConfig, budget: int) -> int:
     """Candidates per drafted position. Rule: a best-first tree may give one node as many children as the
     budget holds (the reference takes top-min(budget, vocab)); the paper tree grafts at most b_max."""
     return max(cfg.top_k, budget) if best_first_tree(cfg) else cfg.top_k
+
+
+def redraft_policy(cfg: DecodeConfig, drafter) -> RedraftPolicy:
+    """Best-first cure's re-drafts: the config's `redrafts` / `redraft_weight` where set, else the drafter's."""
+    own = getattr(drafter, "redraft_policy", DEFAULT_REDRAFTS)
+    return RedraftPolicy(count=own.count if cfg.redrafts is None else cfg.redrafts,
+                         weight=own.weight if cfg.redraft_weight is None else cfg.redraft_weight)
+
+
+def redrafts_while_drafting(cfg: DecodeConfig, drafter, n: int) -> int:
+    """Substitutions the drafter re-drafts inside its proposal (Drafter.propose_with_redrafts), 0 for none.
+    Rule: only best-first cure with a causal chain drafter (which can batch them into the chain's own
+    steps), and only when the budget leaves room past the n drafted nodes: a budget <= n is a shorter
+    block, whose tree would rarely reach below a substitute."""
+    if cfg.strategy != "cure" or cfg.cure_tree != "best-first" or not getattr(drafter, "redrafts_while_drafting", False):
+        return 0
+    return redraft_policy(cfg, drafter).count if cfg.v_max > n else 0
+
+
+def propose(cfg: DecodeConfig, drafter: Drafter, root: int, n: int) -> Proposal:
+    """Draft one block of n positions as `cfg`'s tree will need it (width; re-drafts in the same steps)."""
+    width = proposal_width(cfg, cfg.v_max)
+    count = redrafts_while_drafting(cfg, drafter, n)
+    return drafter.propose_with_redrafts(root, n, width, count) if count else drafter.propose(root, n, width)
 
 
 def build_tree(cfg: DecodeConfig, proposal: Proposal | None, drafter: Drafter | None) -> TreePlan:
@@ -190,26 +214,37 @@ def substitutions(bf: BestFirst, depth_limit: int, count: int) -> list[int]:
 
 
 def build_cure_best_first(cfg: DecodeConfig, proposal: Proposal, drafter: Drafter) -> TreePlan:
-    """Repair-aware best-first: the ddtree of the block, then the subtrees under its best `redrafts`
-    substitutions re-drafted in ONE batched drafter pass conditioned on the substituted token, then
-    best-first again with the re-drafted log-probs competing for the same budget. With no substitution
-    worth it, this is ddtree's tree at no extra cost."""
+    """Repair-aware best-first: the ddtree of the block, then the subtrees under its best substitutions
+    (`redraft_policy`: how many, and the blend weight) re-drafted in ONE batched drafter pass conditioned
+    on the substituted token, then best-first again with the re-drafted log-probs competing for the same
+    budget. With no substitution worth it, this is ddtree's tree at no extra cost. Over a causal chain
+    drafter the substitutions are its chain_substitutions, already re-drafted inside its proposal
+    (redrafts_while_drafting), so no pass follows."""
     base = Table.of(proposal)
-    first = best_first(base, cfg.v_max)
     n = len(proposal.tokens)
-    picked = substitutions(first, n, cfg.redrafts)
-    if not picked:
-        return TreePlan(first.tree)
-    prefixes = [list(first.paths[i]) for i in picked]
+    policy = redraft_policy(cfg, drafter)
+    fused = redrafts_while_drafting(cfg, drafter, n)
+    if fused:
+        # A causal chain drafter chose its substitutions as it drafted (chain_substitutions) and re-drafted
+        # them in the chain's steps; a replay (no re-drafts in the proposal) asks for the same prefixes.
+        prefixes = [list(p) for p in chain_substitutions(proposal.top_ids, proposal.top_logprobs, fused, n)]
+    else:
+        first = best_first(base, cfg.v_max)
+        prefixes = [list(first.paths[i]) for i in substitutions(first, n, policy.count)]
+        if not prefixes:
+            return TreePlan(first.tree)
     t0 = time.perf_counter()
-    redrafted = drafter.redraft_topk(prefixes, [n - len(p) for p in prefixes], len(base.ids[0]))
+    if fused and proposal.redrafts:
+        redrafted = [proposal.redrafts[tuple(p)] for p in prefixes]
+    else:
+        redrafted = drafter.redraft_topk(prefixes, [n - len(p) for p in prefixes], len(base.ids[0])) if prefixes else []
     redraft_ms = (time.perf_counter() - t0) * 1e3
     live = [(tuple(p), r) for p, r in zip(prefixes, redrafted) if len(r.tokens)]
-    if cfg.redraft_weight >= 1.0 or not live:
+    if policy.weight >= 1.0 or not live:
         under = {p: Table.of(r, first=len(p) + 1) for p, r in live}
     else:
         tables = blend(proposal.top_ids, proposal.top_logprobs, 1,
-                       [(len(p) + 1, r.top_ids, r.top_logprobs) for p, r in live], cfg.redraft_weight)
+                       [(len(p) + 1, r.top_ids, r.top_logprobs) for p, r in live], policy.weight)
         under = {p: t for (p, _), t in zip(live, tables)}
     final = best_first(base, cfg.v_max, under)
     margins = proposal.margins

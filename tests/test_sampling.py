@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from cure_core.config import DecodeConfig
-from cure_core.drafters.causal import PardDrafter
+from cure_core.drafters.causal import ArDrafter, PardDrafter
 from cure_core.engine import Engine, ModelPair
 from cure_core.tiny import perturbed_copy, tiny_target
 from cure_core.tree import DraftTree, sample_accept
@@ -52,14 +52,17 @@ def test_tree_sampling_exact_on_fixed_logits():
     assert chi2 < 46.8, chi2
 
 
-@pytest.mark.parametrize("cure_tree", ["paper", "best-first"])
-def test_engine_first_tokens_follow_target_distribution(cure_tree):
+@pytest.mark.parametrize("cure_tree,kind", [("paper", "pard"), ("best-first", "pard"), ("best-first", "ar")])
+def test_engine_first_tokens_follow_target_distribution(cure_tree, kind):
     """End to end with real models at temperature 1: the first two tokens' joint distribution,
-    computed exactly from the target, against cure's samples (both CURE trees)."""
+    computed exactly from the target, against cure's samples (both CURE trees; best-first also over
+    an AR chain drafter, whose substitutions are re-drafted inside its chain steps)."""
     torch.set_num_threads(1)
     target = tiny_target(seed=3, vocab_size=VOCAB + 1, logit_scale=1.0, max_positions=64)
     draft = perturbed_copy(target, noise=0.3, seed=4)
-    pair = ModelPair(target=target, drafter=PardDrafter(draft, mask_token_id=VOCAB, vocab_size=VOCAB))
+    drafter = (PardDrafter(draft, mask_token_id=VOCAB, vocab_size=VOCAB) if kind == "pard"
+               else ArDrafter(draft, vocab_size=VOCAB))
+    pair = ModelPair(target=target, drafter=drafter)
     # the target's own vocabulary includes the mask id; keep it out of the test by checking its mass
     prompt = [1, 2, 3]
     with torch.no_grad():

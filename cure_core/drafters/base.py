@@ -7,6 +7,11 @@ One block's calls, in order:
                                the substituted token), the next `length` positions re-drafted under it,
                                with per-position top-k, as a Proposal; one batched pass
   redraft(prefixes, lengths) -> the same, the suffix tokens only (the paper's repair branches)
+  propose_with_redrafts(root, n, top_k, count) -> optional, for causal chain drafters (ArDrafter): the
+                               proposal AND the re-drafts under its `count` best chain substitutions
+                               (chain_substitutions), drafted in the same sequential steps as the chain
+                               (one batched row each), so re-drafting adds no sequential step; in
+                               Proposal.redrafts. Drafters that have it set `redrafts_while_drafting`.
   advance(tokens, hidden)   -> resync: `tokens` (root + accepted path) are now committed; `hidden`
                                holds the target's hidden states at those positions for drafters
                                conditioned on the target (`target_layers` says which layers).
@@ -17,7 +22,8 @@ only `advance`s by its new tokens (Engine.generate(..., reuse_prefix=True)).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
 import torch
@@ -28,6 +34,9 @@ class Proposal:
     tokens: list[int]            # [n] the drafted block (argmax at each position)
     top_ids: torch.Tensor        # [n, top_k] long, candidates per position, best first (target ids)
     top_logprobs: torch.Tensor   # [n, top_k] float32 draft log-probs of top_ids
+    # prefix (tokens after the root, ending with the substitute) -> its re-draft, when the drafter
+    # re-drafted while drafting (propose_with_redrafts); empty otherwise
+    redrafts: dict = field(default_factory=dict, compare=False)
 
     @property
     def margins(self) -> list[float]:
@@ -35,10 +44,50 @@ class Proposal:
         return (self.top_logprobs[:, 0] - self.top_logprobs[:, 1]).tolist()
 
 
+@dataclass(frozen=True)
+class RedraftPolicy:
+    """How best-first cure re-drafts with a drafter when the config leaves it to the drafter (`redrafts`,
+    `redraft_weight` None). Chosen per drafter kind by benchmarks/tree_shapes.py on tuning prompts only."""
+    count: int = 2                # substitutions re-drafted per block
+    weight: float = 0.5           # the re-draft's weight in the blend with the proposal (1: the re-draft alone)
+
+
+# DFlash, chosen on the default pair's HumanEval 1-20 (benchmarks/results/tree_shapes_qwen05b_k8): its
+# re-drafts are out of its training distribution ([anchor, masks] blocks only), so they are blended.
+# PARD and adapted drafters have not been measured and take the same.
+DEFAULT_REDRAFTS = RedraftPolicy()
+
+
+def chain_substitutions(top_ids: torch.Tensor, top_logprobs: torch.Tensor, count: int, depth: int) -> list[tuple[int, ...]]:
+    """The `count` substitutions a causal chain drafter re-drafts while drafting: chain alternatives
+    (rank >= 1 at a row, the chain's tokens before it), best joint draft log-prob first (the chain's
+    log-probs above it plus its own; ties: shallower, then better rank), from rows 0 .. depth-2 (a
+    substitute at the last row has nothing below it to re-draft), impossible ones (-inf) never.
+    top_ids/top_logprobs: [r, W] the rows drafted so far (r <= depth).
+
+    Rule: the drafter calls this after every row with the rows so far, the engine once with all of them.
+    A candidate enters the set only when its row is drafted (exactly when its token must be fed) and a
+    later row can only push it out, never back in, so the rows a drafter keeps drafting are exactly the
+    final set's, each complete from its substitute down to `depth`."""
+    if count <= 0:
+        return []
+    ids, logp = top_ids.tolist(), top_logprobs.tolist()
+    cands, above = [], 0.0
+    for r in range(min(len(ids), depth - 1)):
+        for j in range(1, min(count + 1, len(ids[r]))):
+            if logp[r][j] > -math.inf:
+                cands.append((-(above + logp[r][j]), r, j))
+        above += logp[r][0]
+    cands.sort()
+    return [tuple(ids[i][0] for i in range(r)) + (ids[r][j],) for _, r, j in cands[:count]]
+
+
 class Drafter(Protocol):
     name: str
     target_layers: tuple[int, ...]   # target hidden_states indices this drafter conditions on; () = none
     block_size: int | None           # the block K it was trained to draft (root included); None = any K
+    redraft_policy: RedraftPolicy    # best-first cure's re-drafts unless the config sets them (optional:
+                                     # DEFAULT_REDRAFTS when absent)
 
     def reset(self, context: Sequence[int], hidden: torch.Tensor | None) -> None: ...
 

@@ -17,7 +17,7 @@ import torch
 
 from ..lm import CachedLM, Forward
 from ..tree import DraftTree
-from .base import Proposal, proposals, top_k_logprobs
+from .base import DEFAULT_REDRAFTS, Proposal, RedraftPolicy, chain_substitutions, proposals, top_k_logprobs
 from .vocab import DraftVocab
 
 
@@ -25,6 +25,7 @@ class _CausalDrafter:
     name = "causal"
     target_layers: tuple[int, ...] = ()
     block_size: int | None = None       # an AR drafter drafts chains of any length
+    redraft_policy = DEFAULT_REDRAFTS
 
     def __init__(self, model, vocab_size: int | None = None, draft_vocab: torch.Tensor | None = None,
                  mask_token_id: int = -1):
@@ -103,19 +104,56 @@ class _CausalDrafter:
 
 class ArDrafter(_CausalDrafter):
     name = "ar"
+    redrafts_while_drafting = True      # propose_with_redrafts: substitutions re-drafted in the chain's steps
+    # Its re-drafts are its own chains (in distribution): used alone, not blended; 3 of them make 4 rows a
+    # step, what packed kernels cost as one. Chosen on the 1.5B pair's HumanEval 1-20 replay
+    # (benchmarks/results/tree_shapes_qwen15b_k8/tuning_he1-20.json).
+    redraft_policy = RedraftPolicy(count=3, weight=1.0)
 
     def propose(self, root: int, n: int, top_k: int) -> Proposal:
-        rows = [self._feed_root(root, [])[-1]]                  # [C] after the root
-        tokens = [int(self._ids(rows[0].argmax()))]
-        last = -1
-        for _ in range(n - 1):
-            fwd = self.lm.forward([tokens[-1]], [last])
-            last = fwd.nodes[0]
-            rows.append(self._scores(fwd, 0))
-            tokens.append(int(self._ids(rows[-1].argmax())))
+        return self.propose_with_redrafts(root, n, top_k, 0)
+
+    def propose_with_redrafts(self, root: int, n: int, top_k: int, count: int) -> Proposal:
+        """The chain y_1..y_n, one step per token, and under each of its `count` best substitutions
+        (base.chain_substitutions) the rest of the block re-drafted greedily, as batched rows of the
+        same steps: the substitute at depth d is fed beside y_d, with y_{d-1} as its parent. The
+        substitutions are chosen as the rows come (a causal drafter cannot wait for the whole chain);
+        one pushed out by a better one later is dropped. A step of 1 + count rows costs about one row
+        on packed kernels, so re-drafting adds no sequential step (redraft_topk adds up to n - 1)."""
+        first = self._feed_root(root, [])[-1]                   # [C] after the root
+        ids, logp = top_k_logprobs(first[None], top_k)          # [1, k] each, row by row as drafted
+        ids = self._ids(ids)
+        rows_ids, rows_lp = [ids], [logp]
+        tokens = [int(ids[0, 0])]
+        nodes: list[int] = []                                   # the chain's scratch node at depth 1..
+        live: dict[tuple[int, ...], list] = {}                  # substitution -> [its last node, its rows]
+        for d in range(1, n):                                   # feed depth d, draft row d (depth d + 1)
+            keep = chain_substitutions(torch.cat(rows_ids), torch.cat(rows_lp), count, n)
+            live = {p: live.get(p) or [nodes[-1] if len(p) > 1 else -1, []] for p in keep}
+            fed = list(live)                                    # len(p) == d: its substitute enters now
+            toks = [tokens[-1]] + [p[-1] if len(p) == d else live[p][1][-1][1] for p in fed]
+            parents = [nodes[-1] if nodes else -1] + [live[p][0] for p in fed]
+            fwd = self.lm.forward(toks, parents)
+            nodes.append(fwd.nodes[0])
+            scores = self._scores(fwd, slice(None))             # [1 + len(fed), C]
+            cols, lp = top_k_logprobs(scores, top_k)
+            cols = self._ids(cols)
+            rows_ids.append(cols[:1])
+            rows_lp.append(lp[:1])
+            tokens.append(int(cols[0, 0]))
+            for i, p in enumerate(fed, start=1):
+                live[p][0] = fwd.nodes[i]
+                live[p][1].append((cols[i], int(cols[i, 0]), lp[i]))
         self.lm.rollback()
-        cols, logp = top_k_logprobs(torch.stack(rows), top_k)   # [n, k]
-        return Proposal(tokens=tokens, top_ids=self._ids(cols), top_logprobs=logp)
+        top_ids, top_lp = torch.cat(rows_ids), torch.cat(rows_lp)
+        redrafts = {}
+        for p in chain_substitutions(top_ids, top_lp, count, n):
+            got = (live.get(p) or [None, []])[1]
+            width = top_ids.shape[1]
+            redrafts[p] = Proposal(tokens=[t for _, t, _ in got],
+                                   top_ids=torch.stack([c for c, _, _ in got]) if got else top_ids.new_zeros((0, width)),
+                                   top_logprobs=torch.stack([l for _, _, l in got]) if got else top_lp.new_zeros((0, width)))
+        return Proposal(tokens=tokens, top_ids=top_ids, top_logprobs=top_lp, redrafts=redrafts)
 
     def redraft_topk(self, prefixes: Sequence[Sequence[int]], lengths: Sequence[int], top_k: int) -> list[Proposal]:
         # Every prefix in one pass (a trie), then one batched step per suffix token, greedy on each branch.

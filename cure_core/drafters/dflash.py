@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ModelLoadError
-from .base import Proposal, proposals, top_k_logprobs
+from .base import DEFAULT_REDRAFTS, Proposal, proposals, top_k_logprobs
 from .vocab import DraftVocab
 
 DEFAULT_BLOCK_SIZE = 16
@@ -182,6 +182,7 @@ class DFlashModel(nn.Module):
 class DFlashDrafter:
     """The engine's Drafter over a DFlash network, sharing the target's embedding and lm_head."""
     name = "dflash"
+    redraft_policy = DEFAULT_REDRAFTS
 
     def __init__(self, model: DFlashModel, target: nn.Module, *, target_layer_ids: Sequence[int], mask_token_id: int,
                  block_size: int = DEFAULT_BLOCK_SIZE, vocab_size: int | None = None,

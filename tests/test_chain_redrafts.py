@@ -1,0 +1,96 @@
+"""A causal chain drafter re-drafts the best substitutions inside its own chain steps (#13 item 1 for AR
+chains): the same re-drafts as redraft_topk, chosen by one rule (drafters.base.chain_substitutions),
+and lossless under best-first cure (T > 0: tests/test_sampling.py)."""
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cure_core.config import DecodeConfig
+from cure_core.drafters.base import chain_substitutions
+from cure_core.drafters.causal import ArDrafter
+from cure_core.engine import ModelPair, generate_ids
+from cure_core.strategies import build_cure_best_first, redrafts_while_drafting
+from cure_core.tiny import BYTE_VOCAB
+
+
+def ar_pair(target, draft_model):
+    return ModelPair(target=target, drafter=ArDrafter(draft_model, vocab_size=BYTE_VOCAB),
+                     ar_drafter=ArDrafter(draft_model, vocab_size=BYTE_VOCAB))
+
+
+def test_the_rule_picks_the_best_chain_alternatives_by_joint_log_prob():
+    ids = torch.tensor([[1, 2, 3], [4, 5, 6], [7, 8, 9], [10, 11, 12]])
+    logp = torch.log(torch.tensor([[0.5, 0.4, 0.1], [0.9, 0.05, 0.05], [0.6, 0.3, 0.1], [0.5, 0.5, 0.0]]))
+    # joint: (2,) 0.4; (1, 5) 0.025; (1, 4, 8) 0.135; row 3 is the last of a depth-4 block: never
+    assert chain_substitutions(ids, logp, 2, depth=4) == [(2,), (1, 4, 8)]
+    assert chain_substitutions(ids, logp, 1, depth=4) == [(2,)]
+    assert chain_substitutions(ids, logp, 0, depth=4) == []
+    assert chain_substitutions(ids, logp, 2, depth=2) == [(2,), (3,)]       # rows 0 .. depth-2 only
+    # impossible candidates (masked ids, -inf) are never picked
+    logp[0, 1] = float("-inf")
+    assert (2,) not in chain_substitutions(ids, logp, 3, depth=4)
+
+
+def test_the_rule_on_a_prefix_of_the_rows_never_brings_a_candidate_back():
+    """What makes the drafter's online choice exact: a candidate kept after the last row was kept after
+    every row since its own."""
+    g = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        n, w, count = 7, 4, 2
+        logp, ids = torch.log_softmax(torch.randn(n, 20, generator=g) * 2, -1).topk(w, dim=-1)
+        final = chain_substitutions(ids, logp, count, n)
+        for p in final:
+            for r in range(len(p), n + 1):
+                assert p in chain_substitutions(ids[:r], logp[:r], count, n)
+
+
+def test_re_drafts_in_the_chain_steps_equal_redraft_topk(target, drafts):
+    d = ArDrafter(drafts["strong"], vocab_size=BYTE_VOCAB)
+    context = list(b"def add(a, b):\n    return")
+    d.reset(context[:-1])
+    fused = d.propose_with_redrafts(context[-1], 7, 6, 3)
+    d.reset(context[:-1])
+    plain = d.propose(context[-1], 7, 6)
+    assert fused.tokens == plain.tokens and torch.equal(fused.top_ids, plain.top_ids)
+    torch.testing.assert_close(fused.top_logprobs, plain.top_logprobs)
+    picked = chain_substitutions(plain.top_ids, plain.top_logprobs, 3, 7)
+    assert list(fused.redrafts) == picked and len(picked) == 3
+    d.reset(context[:-1])
+    d.propose(context[-1], 7, 6)              # leaves the root committed, as before a tree's re-drafts
+    offline = d.redraft_topk([list(p) for p in picked], [7 - len(p) for p in picked], 6)
+    for p, r in zip(picked, offline):
+        got = fused.redrafts[p]
+        assert got.tokens == r.tokens and len(got.tokens) == 7 - len(p)
+        assert torch.equal(got.top_ids, r.top_ids)
+        torch.testing.assert_close(got.top_logprobs, r.top_logprobs, atol=1e-4, rtol=1e-4)
+
+
+def test_the_engine_builds_the_tree_a_replay_of_the_proposal_builds(target, drafts):
+    """The tree from the drafter's in-step re-drafts equals the one built from its proposal alone (the
+    re-drafts then asked of redraft_topk): what tree_shapes replays is what the engine verifies."""
+    d = ArDrafter(drafts["mild"], vocab_size=BYTE_VOCAB)
+    cfg = DecodeConfig(strategy="cure", k=8, v_max=24, redrafts=2, redraft_weight=1.0)
+    assert redrafts_while_drafting(cfg, d, 7) == 2 and redrafts_while_drafting(cfg.with_(v_max=7), d, 7) == 0
+    assert redrafts_while_drafting(cfg.with_(cure_tree="paper"), d, 7) == 0
+    for prompt in (b"for i in range(", b"import os\n", b"class A:\n    def"):
+        ctx = list(prompt)
+        d.reset(ctx[:-1])
+        fused = d.propose_with_redrafts(ctx[-1], 7, 24, 2)
+        a = build_cure_best_first(cfg, fused, d)
+        d.reset(ctx[:-1])
+        plain = d.propose(ctx[-1], 7, 24)
+        b = build_cure_best_first(cfg, plain, d)
+        assert (a.tree.tokens, a.tree.parents) == (b.tree.tokens, b.tree.parents)
+
+
+@settings(max_examples=25, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(prompt=st.lists(st.integers(0, 255), min_size=1, max_size=20), k=st.integers(2, 12),
+       extra=st.integers(0, 40), redrafts=st.integers(0, 4), weight=st.sampled_from([0.0, 0.5, 1.0]),
+       noise=st.sampled_from(["mild", "strong"]), auto=st.booleans())
+def test_cure_over_an_ar_chain_equals_ar(target, drafts, prompt, k, extra, redrafts, weight, noise, auto):
+    pair = ar_pair(target, drafts[noise])
+    cfg = DecodeConfig(strategy="cure", k=k, v_max=k - 1 + extra, redrafts=redrafts, redraft_weight=weight,
+                       max_new_tokens=30, auto_budget=auto)
+    ref = generate_ids(pair, cfg.with_(strategy="ar", auto_budget=False), prompt)
+    assert generate_ids(pair, cfg, prompt) == ref
