@@ -172,7 +172,7 @@ def load_setup(args) -> Setup:
         tmp = tempfile.TemporaryDirectory(prefix="cure-peers-")
         tdir, ddir = save_tiny_pair(Path(tmp.name))      # the perturbed copy: PARD drafter and its chain
         engine_args = engine_args.with_(target=str(tdir), draft=str(ddir), drafter="pard")
-    strategies = parse_list(args.strategies)
+    strategies = [strategy_variant(s)[0] for s in parse_list(args.strategies)]
     chain = ["sd"] if "assisted" in parse_list(args.hf) else []
     loaded = open_pair(engine_args, strategies=strategies + chain)
     pair = loaded.pair
@@ -267,6 +267,23 @@ def cure_method(strategy: str, engine, cfg) -> Method:
     return Method(f"cure_{strategy}", "cure", cfg.to_dict(), run)
 
 
+def strategy_variant(spec: str) -> tuple[str, dict]:
+    """'cure' -> ('cure', {}); 'cure:lookup=10:redrafts=3' -> ('cure', {'lookup': 10, 'redrafts': 3}): one
+    strategy with DecodeConfig fields changed, so two settings of one strategy run interleaved in one run."""
+    name, *rest = spec.split(":")
+    changes = {}
+    for item in rest:
+        key, _, value = item.partition("=")
+        try:
+            changes[key] = int(value)
+        except ValueError:
+            try:
+                changes[key] = float(value)
+            except ValueError:
+                changes[key] = value
+    return name, changes
+
+
 def build_methods(args, setup: Setup) -> list[Method]:
     from cure_core.config import ConfigError
     pair, tok = setup.pair, setup.tokenizer
@@ -305,12 +322,13 @@ def build_methods(args, setup: Setup) -> list[Method]:
             methods.append(hf_method(name, pair.target, {"prompt_lookup_num_tokens": args.prompt_lookup_tokens,
                                                           "max_matching_ngram_size": args.prompt_lookup_ngram},
                                      eos, pad, counter))
-    for s in parse_list(args.strategies):
+    for spec in parse_list(args.strategies):
+        s, changes = strategy_variant(spec)
         try:
             pair.drafter_for(s)
-            methods.append(cure_method(s, setup.engine, setup.config.with_(strategy=s)))
-        except ConfigError as e:
-            setup.skipped.append({"method": f"cure_{s}", "reason": str(e)})
+            methods.append(cure_method(spec, setup.engine, setup.config.with_(strategy=s, **changes)))
+        except (ConfigError, TypeError) as e:
+            setup.skipped.append({"method": f"cure_{spec}", "reason": str(e)})
     return methods
 
 
@@ -416,7 +434,7 @@ def _clean(obj):
 
 def parse_args(argv: Sequence[str] | None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--strategies", default="ar,sd,parallel,cure,ddtree")
+    ap.add_argument("--strategies", default="ar,sd,parallel,cure,ddtree", help="comma list of cure strategies; 'cure:lookup=10' runs one with DecodeConfig fields changed")
     ap.add_argument("--hf", default="generate,assisted,prompt-lookup", help="transformers methods to run")
     ap.add_argument("--sets", default="humaneval", help="comma list: humaneval, gsm8k, mbpp, lcb-lite, TASK@N (skip "
                     "its first N: held-out ranges, e.g. humaneval@20), or a prompts .jsonl file (cure bench --prompts format)")

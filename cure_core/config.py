@@ -64,6 +64,10 @@ class DecodeConfig:
     redraft_weight: float | None = None  # best-first: weight of the re-drafted distribution below a substitution,
                                   # blended with the proposal's (1: the re-draft alone; strategies.blend);
                                   # None: the drafter's (0.5 for DFlash, 1 for an AR chain)
+    lookup: int = 10              # best-first: graft up to this many tokens copied from the text so far (the
+                                  # continuation of its last n-gram's latest earlier occurrence) into the
+                                  # heap, scored by their measured acceptance (lookup.py); 0 = off
+    lookup_ngram: int = 2         # the longest trailing n-gram the lookup matches (then shorter ones)
     # --- ablations (paper Table 4) ---
     keep_branch0: bool = True     # False: the drafted block is not verified unless a repair shares it
     resync: bool = True           # False: the drafter is fed branch 0's tokens instead of the emitted ones
@@ -87,6 +91,10 @@ class DecodeConfig:
             raise ConfigError(f"`redraft_weight` must lie in [0, 1], got {self.redraft_weight}")
         if self.redrafts is not None and self.redrafts < 0:
             raise ConfigError(f"`redrafts` must be >= 0, got {self.redrafts}")
+        if self.lookup < 0:
+            raise ConfigError(f"`lookup` must be >= 0 (0: off), got {self.lookup}")
+        if self.lookup_ngram < 1:
+            raise ConfigError(f"`lookup_ngram` must be >= 1, got {self.lookup_ngram}")
         if self.kv_cache not in KV_LAYOUTS:
             raise ConfigError(f"unknown KV cache layout {self.kv_cache!r}; choose one of {', '.join(KV_LAYOUTS)}")
         if self.compile and self.kv_cache != "static":

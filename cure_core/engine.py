@@ -20,7 +20,8 @@ from .drafters.base import Drafter
 from .errors import CureError
 from .lm import CachedLM, padded_size
 from .metrics import common_prefix
-from .strategies import CHAIN_STRATEGIES, build_tree, propose
+from .lookup import Graft, LookupStats, continuation
+from .strategies import CHAIN_STRATEGIES, build_tree, propose, uses_lookup
 from .tree import DraftTree, greedy_accept, sample_accept
 
 
@@ -81,6 +82,7 @@ class Engine:
             pair.drafter_for(cfg.strategy)                    # fail early: the strategy needs its drafter
         self._targets: dict[tuple, CachedLM] = {}             # (hidden layers, kv layout, compile) -> cache
         self._tuners: dict[DecodeConfig, BudgetTuner] = {}    # tuner_key(cfg) -> its tuner
+        self._lookups: dict[DecodeConfig, LookupStats] = {}   # tuner_key(cfg) -> lookup acceptance (cfg.lookup)
         self._kept: CachedPrefix | None = None                # the last generation's caches (reuse_prefix)
         self._started = 0                                     # generations started: the newest owns the caches
 
@@ -191,6 +193,7 @@ class Engine:
         gen = torch.Generator().manual_seed(cfg.seed)
         eos = set(self.pair.eos_ids) if cfg.stop_at_eos else set()
         tuner = self.tuner_for(cfg)
+        lookup = self._lookups.setdefault(self.tuner_key(cfg), LookupStats()) if uses_lookup(cfg) else None
         now = _clock(target.device, sync=timings or tuner is not None)
 
         # Step 0. Prefill: every prompt token but the last; the last becomes the first root. With a cached
@@ -240,7 +243,11 @@ class Engine:
 
             # Steps 2-5. UFPs, branch budget, repair branches (re-drafted inside), trie under V_max.
             t_tree = now()
-            plan = build_tree(block_cfg, proposal, drafter)
+            graft = None
+            if lookup is not None and proposal is not None:
+                tokens = continuation(state.target_ids + [root], cfg.lookup_ngram, min(cfg.lookup, len(proposal.tokens)))
+                graft = Graft(tokens, lookup.path_logp(len(tokens))) if tokens else None
+            plan = build_tree(block_cfg, proposal, drafter, graft)
             tree = plan.tree
             t_tree_end = now()
 
@@ -271,6 +278,8 @@ class Engine:
             emitted = [tree.tokens[i] for i in path] + [bonus]
             emitted, stop = _cut(emitted, cfg.max_new_tokens - new, len(prompt) + new, limit, eos)
             accepted = set(path)
+            if lookup is not None and plan.lookup_nodes:
+                lookup.observe(plan.lookup_nodes, accepted)
             nodes = tuple(TreeNode(token=tree.tokens[i], parent=tree.parents[i], depth=tree.depths[i],
                                    branch=tree.branches[i], accepted=i in accepted) for i in range(len(tree)))
             winner = tree.branches[path[-1]] if path else 0

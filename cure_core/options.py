@@ -55,6 +55,10 @@ class EngineArgs:
     cure_tree: str = _opt("--cure-tree", default="best-first", help=(
         "cure's tree: best-first (nodes by joint draft log-prob, the subtrees under the best substitutions "
         "re-drafted conditioned on them) | paper (branch 0 + repair branches at UFPs, as the paper)."))
+    lookup: int = _opt("--lookup", default=10, help=(
+        "Best-first cure: also graft up to N tokens copied from the text so far (what followed the latest earlier "
+        "occurrence of its last tokens, as prompt-lookup decoding drafts) into the tree, scored by how often such "
+        "tokens were accepted. 0 = off. Never changes the output."))
     v_max: str = _opt("--v-max", default="auto", metavar="N|auto", help=(
         "Tree node budget V_max, or auto: measure the target's verification cost curve once and pick, block by "
         "block, the budget that maximises expected tokens/s (budget 0, no draft, included)."))
@@ -95,7 +99,8 @@ class EngineArgs:
         return DecodeConfig.from_user(strategy=self.strategy, k=k, v_max=self.v_max, b_max=self.b_max,
                                       max_new_tokens=self.max_new_tokens, temperature=self.temperature,
                                       seed=self.seed, tau_margin=self.tau_margin, kv_cache=self.kv_cache,
-                                      compile=self.compile, cure_tree=self.cure_tree, **changes)
+                                      compile=self.compile, cure_tree=self.cure_tree, lookup=self.lookup,
+                                      **changes)
 
     def draft_vocab_ids(self) -> int:
         """`draft_vocab` as a number of ids. Rule: auto restricts causal drafters' heads on a CPU only, where

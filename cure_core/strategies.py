@@ -22,6 +22,7 @@ import torch
 from .block import UFP
 from .config import DecodeConfig
 from .drafters.base import DEFAULT_REDRAFTS, Drafter, Proposal, RedraftPolicy, chain_substitutions
+from .lookup import Graft
 from .tree import DraftTree
 
 
@@ -33,6 +34,8 @@ class TreePlan:
     tree: DraftTree
     ufps: tuple[UFP, ...] = ()
     redraft_ms: float = 0.0       # drafter compute spent re-drafting (cure only): it counts as draft time
+    lookup_nodes: tuple[int, ...] = ()  # the node holding each grafted lookup token, shallow to deep, as far
+                                        # as the tree holds the path (lookup.LookupStats learns from them)
 
 
 def best_first_tree(cfg: DecodeConfig) -> bool:
@@ -44,6 +47,12 @@ def proposal_width(cfg: DecodeConfig, budget: int) -> int:
     """Candidates per drafted position. Rule: a best-first tree may give one node as many children as the
     budget holds (the reference takes top-min(budget, vocab)); the paper tree grafts at most b_max."""
     return max(cfg.top_k, budget) if best_first_tree(cfg) else cfg.top_k
+
+
+def uses_lookup(cfg: DecodeConfig) -> bool:
+    """Rule: prompt lookup grafts into best-first cure only (ddtree stays the reference rule, the paper tree
+    the paper's)."""
+    return cfg.lookup > 0 and cfg.strategy == "cure" and cfg.cure_tree == "best-first"
 
 
 def redraft_policy(cfg: DecodeConfig, drafter) -> RedraftPolicy:
@@ -70,7 +79,8 @@ def propose(cfg: DecodeConfig, drafter: Drafter, root: int, n: int) -> Proposal:
     return drafter.propose_with_redrafts(root, n, width, count) if count else drafter.propose(root, n, width)
 
 
-def build_tree(cfg: DecodeConfig, proposal: Proposal | None, drafter: Drafter | None) -> TreePlan:
+def build_tree(cfg: DecodeConfig, proposal: Proposal | None, drafter: Drafter | None,
+               graft: Graft | None = None) -> TreePlan:
     if cfg.strategy == "ar" or proposal is None:
         return TreePlan(DraftTree())
     if cfg.strategy in CHAIN_STRATEGIES:
@@ -80,7 +90,7 @@ def build_tree(cfg: DecodeConfig, proposal: Proposal | None, drafter: Drafter | 
     if cfg.strategy == "cure" and cfg.cure_tree == "paper":
         return build_cure_tree(cfg, proposal, drafter)
     if cfg.strategy == "cure":
-        return build_cure_best_first(cfg, proposal, drafter)
+        return build_cure_best_first(cfg, proposal, drafter, graft)
     return TreePlan(build_ddtree(cfg, proposal))
 
 
@@ -114,7 +124,11 @@ class BestFirst:
     paths: list[tuple[int, ...]] = field(default_factory=list)
 
 
-def best_first(base: Table, budget: int, under: dict[tuple[int, ...], Table] | None = None) -> BestFirst:
+PATH_RANK = 1 << 30        # heap ranks of grafted path tokens: after any table candidate at an equal score
+
+
+def best_first(base: Table, budget: int, under: dict[tuple[int, ...], Table] | None = None,
+               graft: Graft | None = None) -> BestFirst:
     """The `budget` nodes of highest joint draft log-prob (DDTree's Algorithm 1).
 
     A node at depth d holding the j-th candidate scores its parent's score + log q_d(candidate); every
@@ -122,42 +136,79 @@ def best_first(base: Table, budget: int, under: dict[tuple[int, ...], Table] | N
     its next sibling and its best child. Ties go to the lexicographically smaller rank path, as in the
     reference. Children come from the table of the node's nearest ancestor-or-self with an entry in
     `under` (keyed by token path: a re-drafted subtree), else from `base`. Impossible candidates
-    (log-prob -inf: masked ids) are never pushed."""
+    (log-prob -inf: masked ids) are never pushed.
+    `graft` (cure: a prompt-lookup continuation) is one more source in the same heap: its i-th token
+    scores the (i-1)-th's score + graft.logp[i]; where a token is already in the tree the path goes on
+    under that node at no cost; a node it adds gets no table children (rank -1: never a substitution)."""
     under = under or {}
     out = BestFirst()
     tree = out.tree
     heap: list = []
+    grafted: set[int] = set()
 
-    def push(score: float, ranks: tuple, parent: int, depth: int, rank: int, table: Table) -> None:
+    def push(score: float, ranks: tuple, parent: int, depth: int, rank: int, table: Table | None) -> None:
         if score > -math.inf:
             heapq.heappush(heap, (-score, ranks, parent, depth, rank, table))
 
+    def add(token: int, parent: int, branch: int, score: float, rank: int) -> int:
+        node = tree.add_path([token], branch=branch, parent=parent)[0]
+        out.scores.append(score)
+        out.ranks.append(rank)
+        out.paths.append((out.paths[parent] if parent >= 0 else ()) + (token,))
+        return node
+
     if base.ids:
         push(base.logp[0][0], (0,), -1, base.first, 0, base)
+    if graft is not None and graft.tokens:
+        push(graft.logp[0], (PATH_RANK, 0), -1, 1, 0, None)
     while heap and len(tree) < budget:
         neg, ranks, parent, depth, rank, table = heapq.heappop(heap)
-        row = depth - table.first
         score = -neg
+        if table is None:                                   # the grafted path's rank-th token
+            token = graft.tokens[rank]
+            node = tree._child.get((parent, token))
+            if node is None:
+                branch = tree.branches[parent] if parent in grafted else len(tree) + 1
+                node = add(token, parent, branch, score, -1)
+                grafted.add(node)
+            if rank + 1 < len(graft.tokens):
+                push(score + graft.logp[rank + 1], (PATH_RANK, rank + 1), node, depth + 1, rank + 1, None)
+            continue
+        row = depth - table.first
         if rank + 1 < len(table.ids[row]):                 # the next sibling candidate
             push(score - table.logp[row][rank] + table.logp[row][rank + 1], ranks[:-1] + (rank + 1,),
                  parent, depth, rank + 1, table)
         token = table.ids[row][rank]
-        if (parent, token) in tree._child:                  # a table repeating an id: one node, once
+        node = tree._child.get((parent, token))
+        if node is not None and node not in grafted:        # a table repeating an id: one node, once
             continue
-        path = (out.paths[parent] if parent >= 0 else ()) + (token,)
         # Rule: branch 0 is the base table's top-1 chain; a substitution starts a branch that its top-1
         # descendants continue (what the UI colours as repairs).
+        # (A branch is numbered by its first node: index + 1.)
         on_chain = rank == 0 and table is base and (parent < 0 or tree.branches[parent] == 0)
-        branch = 0 if on_chain else (tree.branches[parent] if rank == 0 and parent >= 0 else len(tree) + 1)
-        node = tree.add_path([token], branch=branch, parent=parent)[0]
-        out.scores.append(score)
-        out.ranks.append(rank)
-        out.paths.append(path)
-        child_table = under.get(path, table)
+        at = len(tree) if node is None else node
+        branch = 0 if on_chain else (tree.branches[parent] if rank == 0 and parent >= 0 else at + 1)
+        if node is None:
+            node = add(token, parent, branch, score, rank)
+        else:                                               # the graft took this token first: the table
+            grafted.discard(node)                           # adopts its node and goes on under it
+            tree.branches[node], out.ranks[node] = branch, rank
+        child_table = under.get(out.paths[node], table)
         if depth < child_table.last():                    # its best child
             push(score + child_table.logp[depth + 1 - child_table.first][0], ranks + (0,), node, depth + 1, 0,
                  child_table)
     return out
+
+
+def graft_nodes(tree: DraftTree, graft: Graft | None) -> tuple[int, ...]:
+    """The nodes holding the graft's tokens, from depth 1, as far as the tree holds its path."""
+    nodes, node = [], -1
+    for token in (graft.tokens if graft is not None else ()):
+        node = tree._child.get((node, token))
+        if node is None:
+            break
+        nodes.append(node)
+    return tuple(nodes)
 
 
 def mix(base: Table, redrafted: Table, weight: float) -> Table:
@@ -213,7 +264,8 @@ def substitutions(bf: BestFirst, depth_limit: int, count: int) -> list[int]:
     return sorted(subs, key=lambda i: -bf.scores[i])[:count]
 
 
-def build_cure_best_first(cfg: DecodeConfig, proposal: Proposal, drafter: Drafter) -> TreePlan:
+def build_cure_best_first(cfg: DecodeConfig, proposal: Proposal, drafter: Drafter,
+                          graft: Graft | None = None) -> TreePlan:
     """Repair-aware best-first: the ddtree of the block, then the subtrees under its best substitutions
     (`redraft_policy`: how many, and the blend weight) re-drafted in ONE batched drafter pass conditioned
     on the substituted token, then best-first again with the re-drafted log-probs competing for the same
@@ -229,10 +281,10 @@ def build_cure_best_first(cfg: DecodeConfig, proposal: Proposal, drafter: Drafte
         # them in the chain's steps; a replay (no re-drafts in the proposal) asks for the same prefixes.
         prefixes = [list(p) for p in chain_substitutions(proposal.top_ids, proposal.top_logprobs, fused, n)]
     else:
-        first = best_first(base, cfg.v_max)
+        first = best_first(base, cfg.v_max, graft=graft)
         prefixes = [list(first.paths[i]) for i in substitutions(first, n, policy.count)]
         if not prefixes:
-            return TreePlan(first.tree)
+            return TreePlan(first.tree, lookup_nodes=graft_nodes(first.tree, graft))
     t0 = time.perf_counter()
     if fused and proposal.redrafts:
         redrafted = [proposal.redrafts[tuple(p)] for p in prefixes]
@@ -246,7 +298,7 @@ def build_cure_best_first(cfg: DecodeConfig, proposal: Proposal, drafter: Drafte
         tables = blend(proposal.top_ids, proposal.top_logprobs, 1,
                        [(len(p) + 1, r.top_ids, r.top_logprobs) for p, r in live], policy.weight)
         under = {p: t for (p, _), t in zip(live, tables)}
-    final = best_first(base, cfg.v_max, under)
+    final = best_first(base, cfg.v_max, under, graft)
     margins = proposal.margins
     by_pos: dict[int, list[int]] = {}
     for p in prefixes:
@@ -254,7 +306,7 @@ def build_cure_best_first(cfg: DecodeConfig, proposal: Proposal, drafter: Drafte
             by_pos.setdefault(len(p) - 1, []).append(p[-1])
     ufps = tuple(UFP(position=pos, margin=margins[pos], budget=len(alts), alternatives=tuple(alts))
                  for pos, alts in sorted(by_pos.items()))
-    return TreePlan(final.tree, ufps, redraft_ms=redraft_ms)
+    return TreePlan(final.tree, ufps, redraft_ms=redraft_ms, lookup_nodes=graft_nodes(final.tree, graft))
 
 
 # ---------------------------------------------------------------------------------------------

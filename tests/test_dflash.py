@@ -318,6 +318,9 @@ class CheckedDFlash:
     def redraft(self, prefixes, lengths):
         return self.inner.redraft(prefixes, lengths)
 
+    def redraft_topk(self, prefixes, lengths, top_k):
+        return self.inner.redraft_topk(prefixes, lengths, top_k)
+
 
 @pytest.mark.parametrize("strategy", ["parallel", "cure"])
 def test_every_block_of_a_generation_matches_the_reference(drafter, dtarget, strategy):

@@ -111,7 +111,8 @@ def test_stops_match_ar_at_eos_and_context_end(target, drafts, strategy):
 
 def test_ablations_really_change_the_mechanism(pair):
     prompt = list(b"for i in range(10):")
-    cfg = DecodeConfig(strategy="cure", max_new_tokens=64, tau_margin=3.0)
+    # the ablations are the paper tree's (Table 4): branch 0 and UFP repairs are its notions
+    cfg = DecodeConfig(strategy="cure", cure_tree="paper", max_new_tokens=64, tau_margin=3.0)
     _, full = run(pair, cfg, prompt)
     _, no_b0 = run(pair, cfg.with_(keep_branch0=False), prompt)
     _, no_resync = run(pair, cfg.with_(resync=False), prompt)
@@ -241,7 +242,9 @@ def test_blocks_without_a_draft_keep_the_drafter_in_sync(target, strategy, monke
         # the target as a PARD drafter drafts right at offset 1 only; accept >= 1 per drafting block
         pair = ModelPair(target=target, drafter=PardDrafter(target, MASK_ID, vocab_size=BYTE_VOCAB))
     prompt = list(b"def g(a):\n    ")
-    cfg = DecodeConfig(strategy=strategy, k=5, max_new_tokens=40, auto_budget=True, tau_margin=0.0)
+    # lookup 0: a grafted lookup path may outscore this drafter's (right but unsure) depth-1 token, and the
+    # check below reads "drafter in sync" from that token being accepted
+    cfg = DecodeConfig(strategy=strategy, k=5, max_new_tokens=40, auto_budget=True, tau_margin=0.0, lookup=0)
     out, blocks = run(pair, cfg, prompt)
     assert out == generate_ids(pair, cfg.with_(strategy="ar", auto_budget=False), prompt)
     drafting = [b for b in blocks if b.draft]

@@ -52,11 +52,13 @@ def test_tree_sampling_exact_on_fixed_logits():
     assert chi2 < 46.8, chi2
 
 
-@pytest.mark.parametrize("cure_tree,kind", [("paper", "pard"), ("best-first", "pard"), ("best-first", "ar")])
-def test_engine_first_tokens_follow_target_distribution(cure_tree, kind):
+@pytest.mark.parametrize("cure_tree,kind,lookup", [("paper", "pard", 0), ("best-first", "pard", 0),
+                                                    ("best-first", "ar", 0), ("best-first", "pard", 4)])
+def test_engine_first_tokens_follow_target_distribution(cure_tree, kind, lookup):
     """End to end with real models at temperature 1: the first two tokens' joint distribution,
     computed exactly from the target, against cure's samples (both CURE trees; best-first also over
-    an AR chain drafter, whose substitutions are re-drafted inside its chain steps)."""
+    an AR chain drafter, whose substitutions are re-drafted inside its chain steps; and with prompt lookup
+    grafted, on a prompt that repeats so the lookup matches)."""
     torch.set_num_threads(1)
     target = tiny_target(seed=3, vocab_size=VOCAB + 1, logit_scale=1.0, max_positions=64)
     draft = perturbed_copy(target, noise=0.3, seed=4)
@@ -64,7 +66,7 @@ def test_engine_first_tokens_follow_target_distribution(cure_tree, kind):
                else ArDrafter(draft, vocab_size=VOCAB))
     pair = ModelPair(target=target, drafter=drafter)
     # the target's own vocabulary includes the mask id; keep it out of the test by checking its mass
-    prompt = [1, 2, 3]
+    prompt = [1, 2, 1] if lookup else [1, 2, 3]
     with torch.no_grad():
         p1 = torch.softmax(target(torch.tensor([prompt])).logits[0, -1].double(), -1)
         exact = {}
@@ -76,7 +78,7 @@ def test_engine_first_tokens_follow_target_distribution(cure_tree, kind):
     counts = Counter()
     for seed in range(n):
         cfg = DecodeConfig(strategy="cure", k=4, max_new_tokens=2, temperature=1.0, seed=seed, tau_margin=5.0,
-                           cure_tree=cure_tree, v_max=12)
+                           cure_tree=cure_tree, v_max=12, lookup=lookup)
         out = [t for b in Engine(pair, cfg).generate(prompt) for t in b.emitted]
         counts[tuple(out)] += 1
     # pool cells with small expectation into one

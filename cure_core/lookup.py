@@ -1,0 +1,73 @@
+"""Prompt lookup: a continuation copied from the text so far, one more source of cure's tree.
+
+A drafter that knows code misses what prose and word problems repeat: the question's numbers, a name,
+a phrase. Prompt lookup drafts by copying (the idea behind transformers' `prompt_lookup_num_tokens`):
+find the latest earlier occurrence of the last n tokens (n = `lookup_ngram` down to 1) and propose the
+tokens that followed it. In best-first cure that path joins the heap beside the drafter's tables
+(strategies.best_first `path`); its nodes are scored by how often lookup tokens at that depth were
+accepted so far (LookupStats), so they compete with the drafter's nodes for the budget instead of
+taking it. Verification is the same tree pass, so output stays lossless.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Graft:
+    """A path grafted into the best-first heap from depth 1: tokens[i] with log-prob logp[i] given tokens[:i]."""
+    tokens: list[int]
+    logp: list[float]
+
+
+def continuation(history: Sequence[int], max_ngram: int, length: int) -> list[int]:
+    """Up to `length` tokens that followed the latest earlier occurrence of the last n tokens of
+    `history` (the longest n <= max_ngram with a match); [] when nothing matches."""
+    h = np.asarray(history, dtype=np.int64)                       # [L]
+    if length <= 0 or h.size < 2:
+        return []
+    for n in range(min(max_ngram, h.size - 1), 0, -1):
+        tail = h[-n:]
+        # windows starting at j = 0 .. L-n-1: every occurrence but the tail itself, each with a next token
+        windows = np.lib.stride_tricks.sliding_window_view(h[:-1], n)      # [L-n, n]
+        hits = np.flatnonzero((windows == tail).all(axis=1))
+        if hits.size:
+            start = int(hits[-1]) + n                             # the latest occurrence
+            return h[start: start + length].tolist()
+    return []
+
+
+@dataclass
+class LookupStats:
+    """Acceptance of lookup tokens by depth along their path: tried (its parent was accepted) and
+    accepted. Rule: the score of the i-th lookup token is log P(accepted | parent accepted), estimated
+    with one prior success and one prior failure (so an unseen depth scores log 1/2), kept over one
+    engine's generations like the budget tuner."""
+    tried: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+
+    def logp(self, depth: int) -> float:
+        """log-prob of the lookup token at path depth `depth` (1-based) given its parent was accepted."""
+        i = depth - 1
+        t = self.tried[i] if i < len(self.tried) else 0
+        a = self.accepted[i] if i < len(self.accepted) else 0
+        return math.log((a + 1) / (t + 2))
+
+    def path_logp(self, n: int) -> list[float]:
+        return [self.logp(d) for d in range(1, n + 1)]
+
+    def observe(self, lookup_nodes: Sequence[int], accepted: set[int]) -> None:
+        """lookup_nodes: the tree node holding each lookup token, shallow to deep, as far as the tree
+        took the path; accepted: the accepted node indices."""
+        for i, node in enumerate(lookup_nodes):
+            if i > 0 and lookup_nodes[i - 1] not in accepted:
+                break                                            # its parent was rejected: not tried
+            while len(self.tried) <= i:
+                self.tried.append(0)
+                self.accepted.append(0)
+            self.tried[i] += 1
+            self.accepted[i] += node in accepted
