@@ -122,38 +122,31 @@ class ArDrafter(_CausalDrafter):
         on packed kernels, so re-drafting adds no sequential step (redraft_topk adds up to n - 1)."""
         first = self._feed_root(root, [])[-1]                   # [C] after the root
         ids, logp = top_k_logprobs(first[None], top_k)          # [1, k] each, row by row as drafted
-        ids = self._ids(ids)
-        rows_ids, rows_lp = [ids], [logp]
-        tokens = [int(ids[0, 0])]
+        rows_ids, rows_lp = [self._ids(ids)], [logp]
+        tokens = [int(rows_ids[0][0, 0])]
         nodes: list[int] = []                                   # the chain's scratch node at depth 1..
-        live: dict[tuple[int, ...], list] = {}                  # substitution -> [its last node, its rows]
+        live: dict[tuple[int, ...], list] = {}                  # substitution -> [its last node, its [k] rows]
         for d in range(1, n):                                   # feed depth d, draft row d (depth d + 1)
-            keep = chain_substitutions(torch.cat(rows_ids), torch.cat(rows_lp), count, n)
+            keep = chain_substitutions(torch.cat(rows_ids), torch.cat(rows_lp), count, n) if count else []
             live = {p: live.get(p) or [nodes[-1] if len(p) > 1 else -1, []] for p in keep}
-            fed = list(live)                                    # len(p) == d: its substitute enters now
-            toks = [tokens[-1]] + [p[-1] if len(p) == d else live[p][1][-1][1] for p in fed]
-            parents = [nodes[-1] if nodes else -1] + [live[p][0] for p in fed]
+            # len(p) == d: its substitute enters now; older ones feed their last row's top-1
+            toks = [tokens[-1]] + [p[-1] if len(p) == d else int(rows[-1][0][0]) for p, (_, rows) in live.items()]
+            parents = [nodes[-1] if nodes else -1] + [last for last, _ in live.values()]
             fwd = self.lm.forward(toks, parents)
             nodes.append(fwd.nodes[0])
-            scores = self._scores(fwd, slice(None))             # [1 + len(fed), C]
-            cols, lp = top_k_logprobs(scores, top_k)
+            cols, lp = top_k_logprobs(self._scores(fwd, slice(None)), top_k)   # [1 + len(live), k]
             cols = self._ids(cols)
             rows_ids.append(cols[:1])
             rows_lp.append(lp[:1])
             tokens.append(int(cols[0, 0]))
-            for i, p in enumerate(fed, start=1):
-                live[p][0] = fwd.nodes[i]
-                live[p][1].append((cols[i], int(cols[i, 0]), lp[i]))
+            for i, entry in enumerate(live.values(), start=1):
+                entry[0] = fwd.nodes[i]
+                entry[1].append((cols[i], lp[i]))
         self.lm.rollback()
-        top_ids, top_lp = torch.cat(rows_ids), torch.cat(rows_lp)
-        redrafts = {}
-        for p in chain_substitutions(top_ids, top_lp, count, n):
-            got = (live.get(p) or [None, []])[1]
-            width = top_ids.shape[1]
-            redrafts[p] = Proposal(tokens=[t for _, t, _ in got],
-                                   top_ids=torch.stack([c for c, _, _ in got]) if got else top_ids.new_zeros((0, width)),
-                                   top_logprobs=torch.stack([l for _, _, l in got]) if got else top_lp.new_zeros((0, width)))
-        return Proposal(tokens=tokens, top_ids=top_ids, top_logprobs=top_lp, redrafts=redrafts)
+        # The last step's set is the final one (rows 0 .. n-2 were all drafted), each re-draft complete.
+        redrafts = {p: Proposal(tokens=[int(c[0]) for c, _ in rows], top_ids=torch.stack([c for c, _ in rows]),
+                                top_logprobs=torch.stack([l for _, l in rows])) for p, (_, rows) in live.items()}
+        return Proposal(tokens=tokens, top_ids=torch.cat(rows_ids), top_logprobs=torch.cat(rows_lp), redrafts=redrafts)
 
     def redraft_topk(self, prefixes: Sequence[Sequence[int]], lengths: Sequence[int], top_k: int) -> list[Proposal]:
         # Every prefix in one pass (a trie), then one batched step per suffix token, greedy on each branch.
