@@ -262,7 +262,11 @@ def cure_method(strategy: str, engine, cfg) -> Method:
                 "total_ms": wall, "decode_ms": s.decode_ms, "decode_tokens": s.new_tokens,
                 "target_forwards": s.blocks, "draft_ms": s.draft_ms, "tree_ms": s.tree_ms,
                 "verify_ms": s.verify_ms, "commit_ms": s.commit_ms, "mean_tree_size": s.mean_tree_size,
-                "k": c.k, "v_max": c.v_max, "auto_budget": c.auto_budget}
+                "k": c.k, "v_max": c.v_max, "auto_budget": c.auto_budget,
+                # per block: the budget the tuner chose and why, what it drafted, what it cost
+                "blocks": [{"budget": b.meta.get("v_max"), "tuning": b.meta.get("tuning"), "tree": len(b.nodes),
+                            "accepted": len(b.accepted), "draft_ms": round(b.timings.draft_ms, 2),
+                            "verify_ms": round(b.timings.verify_ms, 2)} for b in blocks]}
 
     return Method(f"cure_{strategy}", "cure", cfg.to_dict(), run)
 

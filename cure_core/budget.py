@@ -5,8 +5,9 @@ when the extra accepted tokens outgrow the extra verification cost, and C_v's sh
 the machine (steep on a CPU, nearly flat on a GPU up to dozens of tokens). So the engine
   1. measures C_v(V), one target forward over a root plus V tree nodes, once per model / device /
      dtype (cached on disk), and
-  2. learns the drafting cost C_d(V) per budget (an AR drafter pays one step per drafted token,
-     repairs re-draft suffixes; a block-parallel drafter pays about the same at any V), and
+  2. learns the drafting cost C_d(V) per budget (an AR drafter pays one step per drafted token, so
+     an unsampled budget is priced per step; repairs re-draft suffixes; a block-parallel drafter pays
+     about the same at any V), and
   3. learns E[a(V)] online from the blocks it verifies: the tree's nodes are inserted in priority
      order (branch 0, then repairs; best-first for ddtree), and a budget V keeps exactly the first
      V, so a block verified with a tree of T nodes tells a(V) = accepted nodes with index < V for
@@ -30,6 +31,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -165,8 +167,12 @@ class BudgetTuner:
     """Online choice of the tree budget V from the cost curve and the acceptance seen so far."""
 
     def __init__(self, curve: CostCurve, candidates: list[int], window: int = 64, explore_every: int = 8,
-                 warmup: int = 2, explore_max: int = 64, warmup_cost: float = 2.0):
+                 warmup: int = 2, explore_max: int = 64, warmup_cost: float = 2.0,
+                 steps: Callable[[int], int] | None = None):
         self.curve = curve
+        # sequential drafter steps a budget costs (an AR chain: one per drafted position, min(V, K-1));
+        # None: one pass at any budget (a block-parallel drafter)
+        self.steps = steps
         self.candidates = sorted(set(candidates))
         self.ceiling = self.candidates[-1]
         self.window = window
@@ -214,7 +220,9 @@ class BudgetTuner:
         """C_d(v), learned per budget. Rule: budget 0 drafts nothing (C_d = 0: a plain ar step). Otherwise
         the cost depends on the budget: an AR drafter takes one step per drafted token, and repair
         branches re-draft their suffixes. So: the mean over recent blocks drafted at v; between two
-        budgets with samples, linear in v; outside them, the nearest one's."""
+        budgets with samples, linear in v; outside them, the nearest one's, scaled by the sequential
+        drafter steps each costs (`steps`). Without that scaling, a tuner settled on 15-step AR chains
+        prices a 4-step chain like a 15-step one and never comes back down (explorations only go up)."""
         if v == 0 or not self.overhead:
             return 0.0
         by: dict[int, list[float]] = {}
@@ -224,7 +232,8 @@ class BudgetTuner:
         lo = max((b for b in mean if b <= v), default=None)
         hi = min((b for b in mean if b >= v), default=None)
         if lo is None or hi is None or lo == hi:
-            return mean[lo if hi is None else hi]
+            near = lo if hi is None else hi
+            return mean[near] * (self.steps(v) / self.steps(near) if self.steps is not None else 1.0)
         return mean[lo] + (mean[hi] - mean[lo]) * (v - lo) / (hi - lo)
 
     def verify_ms(self, v: float) -> float:

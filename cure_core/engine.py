@@ -20,7 +20,7 @@ from .drafters.base import Drafter
 from .errors import CureError
 from .lm import CachedLM, padded_size
 from .metrics import common_prefix
-from .lookup import Graft, LookupStats, continuation
+from .lookup import Graft, LookupStats, NgramIndex
 from .strategies import CHAIN_STRATEGIES, build_tree, propose, uses_lookup
 from .tree import DraftTree, greedy_accept, sample_accept
 
@@ -121,7 +121,11 @@ class Engine:
         # just shorter: a smaller K); larger ones leave room for repair branches (tree strategies only).
         shorter = [s for s in SIZES if 0 <= s < cfg.depth] + [cfg.depth]
         wider = [] if cfg.strategy in CHAIN_STRATEGIES else [s for s in SIZES if cfg.depth < s < cfg.v_max] + [cfg.v_max]
-        return BudgetTuner(curve, sorted(set(shorter + wider)))
+        # A sequential (AR) drafter takes one step per drafted position, min(V, K-1) of them, so its
+        # tuner prices drafting per step.
+        sequential = getattr(self.pair.drafter_for(cfg.strategy), "sequential", False)
+        steps = (lambda v: min(v, cfg.depth)) if sequential else None
+        return BudgetTuner(curve, sorted(set(shorter + wider)), steps=steps)
 
     def generate(self, prompt_ids: Sequence[int], cfg: DecodeConfig | None = None, *,
                  timings: bool = True, reuse_prefix: bool = False) -> Iterator[Block]:
@@ -220,6 +224,7 @@ class Engine:
         state.drafter_ids = list(context)
         state.reused = reused
         root = prompt[-1]
+        ngrams = NgramIndex(cfg.lookup_ngram, context) if lookup is not None else None   # = state.target_ids
         prefill_ms = (now() - t0) * 1e3
         new = 0
         index = 0
@@ -244,8 +249,10 @@ class Engine:
             # Steps 2-5. UFPs, branch budget, repair branches (re-drafted inside), trie under V_max.
             t_tree = now()
             graft = None
+            if ngrams is not None:
+                ngrams.extend([root])                      # the root is committed below, whatever is accepted
             if lookup is not None and proposal is not None:
-                tokens = continuation(state.target_ids + [root], cfg.lookup_ngram, min(cfg.lookup, len(proposal.tokens)))
+                tokens = ngrams.continuation(min(cfg.lookup, len(proposal.tokens)))   # over target_ids + [root]
                 graft = Graft(tokens, lookup.path_logp(len(tokens))) if tokens else None
             plan = build_tree(block_cfg, proposal, drafter, graft)
             tree = plan.tree
@@ -264,6 +271,8 @@ class Engine:
             # Step 7. Commit: keep exactly root + accepted nodes in the target cache; resync the drafter.
             target.commit([0] + [i + 1 for i in path])
             state.target_ids += [root] + [tree.tokens[i] for i in path]
+            if ngrams is not None:
+                ngrams.extend([tree.tokens[i] for i in path])
             branch0 = _branch0_chain(tree)
             a0 = common_prefix(path, branch0)
             resync_nodes = path if cfg.resync else [branch0[d] if d < len(branch0) else path[d]

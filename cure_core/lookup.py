@@ -41,6 +41,37 @@ def continuation(history: Sequence[int], max_ngram: int, length: int) -> list[in
     return []
 
 
+class NgramIndex:
+    """`continuation` over a growing text in O(max_ngram) a block instead of O(text): the latest start
+    of every n-gram (n <= max_ngram) that has a next token, kept as tokens arrive. Rule: the window at
+    j..j+n-1 is indexed once token j+n exists, so a query sees exactly the windows of history[:-1]
+    that `continuation` scans, and later starts overwrite earlier ones (the latest occurrence)."""
+
+    def __init__(self, max_ngram: int, tokens: Sequence[int] = ()):
+        self.max_ngram = max_ngram
+        self.tokens: list[int] = []
+        self.latest: dict[tuple[int, ...], int] = {}    # n-gram -> its latest start with a next token
+        self.extend(tokens)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        for t in tokens:
+            self.tokens.append(int(t))
+            end = len(self.tokens) - 1                  # windows ending just before `end` now have a next token
+            for n in range(1, min(self.max_ngram, end) + 1):
+                self.latest[tuple(self.tokens[end - n:end])] = end - n
+
+    def continuation(self, length: int) -> list[int]:
+        """continuation(self.tokens, max_ngram, length), from the index."""
+        h = self.tokens
+        if length <= 0 or len(h) < 2:
+            return []
+        for n in range(min(self.max_ngram, len(h) - 1), 0, -1):
+            j = self.latest.get(tuple(h[-n:]))
+            if j is not None:
+                return h[j + n: j + n + length]
+        return []
+
+
 @dataclass
 class LookupStats:
     """Acceptance of lookup tokens by depth along their path: tried (its parent was accepted) and

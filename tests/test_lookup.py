@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from cure_core.config import ConfigError, DecodeConfig
 from cure_core.drafters.base import Proposal
 from cure_core.engine import Engine, generate_ids
-from cure_core.lookup import Graft, LookupStats, continuation
+from cure_core.lookup import Graft, LookupStats, NgramIndex, continuation
 from cure_core.options import EngineArgs
 from cure_core.strategies import Table, best_first, build_cure_best_first, graft_nodes
 
@@ -26,6 +26,22 @@ def test_continuation_takes_the_latest_match_of_the_longest_ngram():
     assert continuation([1, 2, 3, 4], 2, 5) == []        # nothing repeats
     assert continuation([3], 2, 5) == [] and continuation([1, 2, 1], 2, 0) == []
     assert continuation([1, 2, 1], 3, 5) == [2, 1]       # the continuation may run into the tail itself
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 4), max_size=40), st.lists(st.integers(1, 5), min_size=1, max_size=12),
+       st.integers(1, 3), st.integers(0, 6))
+def test_the_ngram_index_answers_like_the_scan_as_the_text_grows(text, chunks, ngram, length):
+    """The engine keeps an NgramIndex beside the committed tokens (O(max_ngram) a block); at every size
+    it must return what continuation() finds by scanning the whole history."""
+    start = len(text) // 3
+    index = NgramIndex(ngram, text[:start])
+    at = start
+    for c in chunks:
+        index.extend(text[at: at + c])
+        at = min(at + c, len(text))
+        assert index.tokens == text[:at]
+        assert index.continuation(length) == continuation(text[:at], ngram, length)
 
 
 def test_lookup_stats_score_depths_by_their_acceptance():

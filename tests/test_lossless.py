@@ -20,8 +20,8 @@ def tuner_block(accepted, size, draft_ms):
     """A verified block for the budget tuner: `size` depth-1 nodes, `accepted` of them accepted."""
     from cure_core.block import Block, Resync, Timings, TreeNode
     nodes = tuple(TreeNode(token=i, parent=-1, depth=1, branch=0, accepted=i in accepted) for i in range(size))
-    return Block(index=0, strategy="cure", context_len=0, root=0, draft=(), margins=(), ufps=(), nodes=nodes,
-                 accepted=tuple(accepted), winner=0, branch0_accepted=0, bonus=0, emitted=(),
+    return Block(index=0, strategy="cure", context_len=0, root=0, draft=(), margins=(), ufps=(),
+                 nodes=nodes, accepted=tuple(accepted), winner=0, branch0_accepted=0, bonus=0, emitted=(),
                  resync=Resync("none", ()), timings=Timings(draft_ms=draft_ms), stop=None)
 
 
@@ -307,6 +307,28 @@ def test_budget_tuner_learns_the_drafting_cost_per_budget():
             flat.observe(tuner_block([0, 1][:v], v, draft_ms=240.0), v)     # the same mean, any budget
     flat.blocks = 1
     assert flat.choose() == 0 and flat.rate(5) == pytest.approx(flat.rate(2))
+
+
+def test_budget_tuner_prices_unsampled_short_chains_per_drafted_step():
+    """A tuner settled on wide trees over an AR drafter (K-1 = 7 steps of 40 ms, 280 ms a block) has drafting
+    samples at budgets 16 and 24 only. When the text turns hard (2 tokens accepted a block), a 2-token chain costs 2
+    steps, not 7: priced per step it wins (3 tokens / 217 ms); priced like the nearest sampled budget (the
+    block-parallel rule) every tree costs 280 ms and the tuner stops drafting (1 token / 135 ms beats
+    3 / 417). Explorations only go up, so that budget 0 would stay."""
+    from cure_core.budget import BudgetTuner, CostCurve
+
+    curve = CostCurve((0, 24), (135.0, 135.0 + 24 * 2.0))
+    cands = [0, 1, 2, 3, 4, 5, 7, 16, 24]
+    ar = BudgetTuner(curve, cands, steps=lambda v: min(v, 7))
+    parallel = BudgetTuner(curve, cands)
+    for t in (ar, parallel):
+        for v in (16, 24, 16, 24):
+            t.observe(tuner_block([0, 1], v, draft_ms=280.0), v)
+        t.blocks = 1
+    assert ar.drafting_ms(2) == pytest.approx(80.0) and ar.drafting_ms(7) == pytest.approx(280.0)
+    assert ar.drafting_ms(20) == pytest.approx(280.0)                # between samples: interpolated
+    assert parallel.drafting_ms(2) == pytest.approx(280.0)           # one pass at any budget
+    assert ar.choose() == 2 and parallel.choose() == 0
 
 
 def test_budget_tuner_warms_up_with_the_largest_tree_costing_two_tokens():

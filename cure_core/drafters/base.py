@@ -12,6 +12,8 @@ One block's calls, in order:
                                (chain_substitutions), drafted in the same sequential steps as the chain
                                (one batched row each), so re-drafting adds no sequential step; in
                                Proposal.redrafts. Drafters that have it set `redrafts_while_drafting`.
+Drafters that take one forward per drafted token set `sequential` (the budget tuner prices their
+drafting per step); block-parallel ones draft their block in one pass at any budget.
   advance(tokens, hidden)   -> resync: `tokens` (root + accepted path) are now committed; `hidden`
                                holds the target's hidden states at those positions for drafters
                                conditioned on the target (`target_layers` says which layers).

@@ -104,6 +104,7 @@ class _CausalDrafter:
 
 class ArDrafter(_CausalDrafter):
     name = "ar"
+    sequential = True                   # one forward per drafted token: drafting cost grows with the budget
     redrafts_while_drafting = True      # propose_with_redrafts: substitutions re-drafted in the chain's steps
     # Its re-drafts are its own chains (in distribution): used alone, not blended; 3 of them make 4 rows a
     # step, what packed kernels cost as one. Chosen on the 1.5B pair's HumanEval 1-20 replay
