@@ -191,6 +191,7 @@ class BudgetTuner:
         self.overhead: list[tuple[int, float]] = []          # (budget, C_d ms: draft + tree + commit) per drafting block
         self.verify_scale: list[float] = []                  # measured verify_ms / curve's C_v(V): load drift
         self.blocks = 0
+        self.fresh = True                                    # no drafting block yet in this generation
         self.last_choice = self.ceiling
         self.last_prediction: float | None = None
         self.last_phase = "settled"
@@ -280,10 +281,21 @@ class BudgetTuner:
         r = self.rate(v)
         return r * self.verify_ms(0) if r is not None else None
 
-    def observe(self, block: Block, budget: int) -> None:
+    def observe(self, block: Block, budget: int, clipped: bool = False) -> None:
+        """Learn from a verified block drafted under `budget`. `clipped`: the end of the generation (max
+        new tokens, the context) left the block less room than a full one, so its tree says nothing
+        about what the budget would have offered or cost."""
         t = block.timings
-        if budget > 0:                                    # C_d is the cost of drafting blocks only
-            self.overhead.append((budget, t.draft_ms + t.tree_ms + t.commit_ms))
+        if block.index == 0:
+            self.fresh = True
+        if budget > 0 and block.tree_size > 0:            # C_d is the cost of drafting blocks only
+            # Rule: drafters take in the prompt lazily, at their first pass of a generation (block 0, or the
+            # first after budget-0 blocks): a cost per generation that no budget causes, 2-7 drafted steps
+            # of an AR draft. Counted as a C_d sample it priced the budget that happened to open a prompt
+            # (a 1.5B pair's tuner drafted 1-node chains for 180 blocks because 2 nodes "cost" 338 ms).
+            if not self.fresh and not clipped:
+                self.overhead.append((budget, t.draft_ms + t.tree_ms + t.commit_ms))
+            self.fresh = False
         expected = self.curve.verify(block.tree_size)
         if expected > 0 and t.verify_ms > 0:
             self.verify_scale.append(t.verify_ms / expected)
@@ -295,7 +307,9 @@ class BudgetTuner:
             if expect is None or sum(1 for i in block.accepted if i < v) > expect:
                 self.interval = self.explore_every
                 self.next_explore = min(self.next_explore, self.blocks + self.explore_every)
-        self.history.append((list(block.accepted), block.tree_size, block.tree_size >= budget))
+        # Rule: a clipped tree is censored like one cut by its budget (counted for V <= its size only); as
+        # an uncut tree, each prompt's last, short block taught a(V) = its few nodes for every V.
+        self.history.append((list(block.accepted), block.tree_size, clipped or block.tree_size >= budget))
         if len(self.history) > 4 * self.window:
             del self.history[: -self.window]
             del self.overhead[: -self.window]

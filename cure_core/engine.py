@@ -21,7 +21,7 @@ from .errors import CureError
 from .lm import CachedLM, padded_size
 from .metrics import common_prefix
 from .lookup import Graft, LookupStats, NgramIndex
-from .strategies import CHAIN_STRATEGIES, build_tree, propose, uses_lookup
+from .strategies import CHAIN_STRATEGIES, build_tree, drafted_steps, propose, uses_lookup
 from .tree import DraftTree, greedy_accept, sample_accept
 
 
@@ -121,10 +121,10 @@ class Engine:
         # just shorter: a smaller K); larger ones leave room for repair branches (tree strategies only).
         shorter = [s for s in SIZES if 0 <= s < cfg.depth] + [cfg.depth]
         wider = [] if cfg.strategy in CHAIN_STRATEGIES else [s for s in SIZES if cfg.depth < s < cfg.v_max] + [cfg.v_max]
-        # A sequential (AR) drafter takes one step per drafted position, min(V, K-1) of them, so its
+        # A sequential (AR) drafter takes one step per drafted position (strategies.drafted_steps), so its
         # tuner prices drafting per step.
-        sequential = getattr(self.pair.drafter_for(cfg.strategy), "sequential", False)
-        steps = (lambda v: min(v, cfg.depth)) if sequential else None
+        drafter = self.pair.drafter_for(cfg.strategy)
+        steps = (lambda v: drafted_steps(cfg, drafter, v)) if getattr(drafter, "sequential", False) else None
         return BudgetTuner(curve, sorted(set(shorter + wider)), steps=steps)
 
     def generate(self, prompt_ids: Sequence[int], cfg: DecodeConfig | None = None, *,
@@ -233,14 +233,15 @@ class Engine:
             # Rule: emitted tokens (accepted + bonus) must fit both max_new_tokens and the context.
             room = min(cfg.depth, limit - ctx - 2, cfg.max_new_tokens - new - 1)
             budget = tuner.choose() if tuner is not None else cfg.v_max
+            steps = drafted_steps(cfg, drafter, budget) if tuner is not None else cfg.depth
+            clipped = room < steps                        # the generation's end, not the budget, bounds this block
             block_cfg = cfg
-            if tuner is not None and budget == 0:
-                room = 0                                  # no draft this block: the target steps alone
-            elif tuner is not None and budget <= cfg.depth:
-                room = min(room, budget)                  # a shorter block: K = budget + 1, no repairs
-                block_cfg = cfg.with_(k=budget + 1, v_max=budget)
-            elif tuner is not None:
-                block_cfg = cfg.with_(v_max=budget)
+            if tuner is not None:
+                room = min(room, steps)                   # budget 0: no draft this block, the target steps alone
+                if 0 < steps < cfg.depth:                 # a shorter block, K = steps + 1 (repairs if budget > steps)
+                    block_cfg = cfg.with_(k=steps + 1, v_max=budget)
+                elif steps:
+                    block_cfg = cfg.with_(v_max=budget)
 
             # Step 1. Draft a block.
             t_draft = now()
@@ -309,7 +310,7 @@ class Engine:
                                 verify_ms=(t_verify - t_tree_end) * 1e3, commit_ms=(t_commit - t_verify) * 1e3),
                 stop=stop, meta=self._budget_meta(tuner, budget, cfg))
             if tuner is not None:
-                tuner.observe(block, budget)
+                tuner.observe(block, budget, clipped)
             yield block
             new += len(emitted)
             index += 1

@@ -55,6 +55,22 @@ def uses_lookup(cfg: DecodeConfig) -> bool:
     return cfg.lookup > 0 and cfg.strategy == "cure" and cfg.cure_tree == "best-first"
 
 
+def drafted_steps(cfg: DecodeConfig, drafter, budget: int) -> int:
+    """Positions drafted for a tuner's budget of `budget` nodes (0: no draft, the target steps alone).
+    Rule: min(budget, K-1), a shorter block of branch 0 plus width, except best-first cure over a
+    sequential (AR) drafter, which drafts ceil(budget / 2) positions and fills the other half of the
+    budget with repairs: substitutions re-drafted inside the chain's own steps (ArDrafter.
+    propose_with_redrafts), whose rows cost about nothing beside the chain's on packed kernels, while
+    every drafted position is one more sequential drafter step. On the 1.5B pair's tuning prompts this
+    ran cure at 1.00x ddtree where drafting one position per node ran 0.91x
+    (benchmarks/results/tuner_tune30_qwen15b_cpu/nodes_per_step.json)."""
+    if budget <= 0:
+        return 0
+    if best_first_tree(cfg) and cfg.strategy == "cure" and getattr(drafter, "sequential", False):
+        return min(-(-budget // 2), cfg.depth)
+    return min(budget, cfg.depth)
+
+
 def redraft_policy(cfg: DecodeConfig, drafter) -> RedraftPolicy:
     """Best-first cure's re-drafts: the config's `redrafts` / `redraft_weight` where set, else the drafter's."""
     own = getattr(drafter, "redraft_policy", DEFAULT_REDRAFTS)

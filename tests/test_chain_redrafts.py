@@ -1,6 +1,7 @@
 """A causal chain drafter re-drafts the best substitutions inside its own chain steps (#13 item 1 for AR
 chains): the same re-drafts as redraft_topk, chosen by one rule (drafters.base.chain_substitutions),
 and lossless under best-first cure (T > 0: tests/test_sampling.py)."""
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -94,3 +95,47 @@ def test_cure_over_an_ar_chain_equals_ar(target, drafts, prompt, k, extra, redra
                        max_new_tokens=30, auto_budget=auto)
     ref = generate_ids(pair, cfg.with_(strategy="ar", auto_budget=False), prompt)
     assert generate_ids(pair, cfg, prompt) == ref
+
+
+@pytest.mark.parametrize("strategy", ["cure", "ddtree"])
+def test_tuned_budgets_over_an_ar_chain_draft_half_as_deep_under_cure(target, drafts, strategy, monkeypatch):
+    """Under the budget tuner, best-first cure over a sequential drafter drafts ceil(V / 2) positions for a
+    budget of V nodes and spends the rest on re-drafted repairs; ddtree drafts min(V, K-1). Every budget
+    the tuner can pick stays lossless."""
+    from cure_core.engine import Engine
+    from cure_core.strategies import drafted_steps
+
+    budgets = [0, 1, 2, 4, 8, 12, 16, 24]
+
+    class Cycle:                                       # each candidate budget in turn
+        def __init__(self):
+            self.n, self.last_prediction, self.last_phase, self.candidates = 0, None, "settled", budgets
+
+        def choose(self):
+            self.n += 1
+            return budgets[self.n % len(budgets)]
+
+        def observe(self, block, budget, clipped=False):
+            pass
+
+        def best_tree(self):
+            return None
+
+    monkeypatch.setattr(Engine, "_make_tuner", lambda self, cfg: Cycle())
+    pair = ar_pair(target, drafts["mild"])
+    cfg = DecodeConfig(strategy=strategy, k=8, v_max=24, max_new_tokens=60, auto_budget=True, lookup=0)
+    prompt = list(b"def add(a, b):\n    return")
+    blocks = list(Engine(pair, cfg).generate(prompt))
+    assert [t for b in blocks for t in b.emitted] == generate_ids(pair, cfg.with_(strategy="ar", auto_budget=False), prompt)
+    drafter = pair.drafter_for(strategy)
+    assert [drafted_steps(cfg, drafter, v) for v in budgets] == (
+        [0, 1, 1, 2, 4, 6, 7, 7] if strategy == "cure" else [0, 1, 2, 4, 7, 7, 7, 7])
+    before = [sum(len(x.emitted) for x in blocks[:i]) for i in range(len(blocks))]
+    full = [b for b, n in zip(blocks, before)                  # blocks the generation's end left whole
+            if cfg.max_new_tokens - n - 1 >= drafted_steps(cfg, drafter, b.meta["v_max"])]
+    assert len(full) > len(budgets)
+    for b in full:
+        assert len(b.draft) == drafted_steps(cfg, drafter, b.meta["v_max"]), (b.index, b.meta["v_max"])
+        assert b.tree_size <= b.meta["v_max"]
+    if strategy == "cure":                             # repairs: more nodes than drafted positions
+        assert any(b.tree_size > len(b.draft) > 0 for b in full)

@@ -16,11 +16,12 @@ def run(pair, cfg, prompt):
     return [t for b in blocks for t in b.emitted], blocks
 
 
-def tuner_block(accepted, size, draft_ms):
-    """A verified block for the budget tuner: `size` depth-1 nodes, `accepted` of them accepted."""
+def tuner_block(accepted, size, draft_ms, index=1):
+    """A verified block for the budget tuner: `size` depth-1 nodes, `accepted` of them accepted; block
+    `index` of its generation (not the first: that one's drafting cost is not a sample)."""
     from cure_core.block import Block, Resync, Timings, TreeNode
     nodes = tuple(TreeNode(token=i, parent=-1, depth=1, branch=0, accepted=i in accepted) for i in range(size))
-    return Block(index=0, strategy="cure", context_len=0, root=0, draft=(), margins=(), ufps=(),
+    return Block(index=index, strategy="cure", context_len=0, root=0, draft=(), margins=(), ufps=(),
                  nodes=nodes, accepted=tuple(accepted), winner=0, branch0_accepted=0, bonus=0, emitted=(),
                  resync=Resync("none", ()), timings=Timings(draft_ms=draft_ms), stop=None)
 
@@ -229,7 +230,7 @@ def test_blocks_without_a_draft_keep_the_drafter_in_sync(target, strategy, monke
             self.n += 1
             return 0 if self.n % 2 else 4
 
-        def observe(self, block, budget):
+        def observe(self, block, budget, clipped=False):
             pass
 
         def best_tree(self):                           # what budget 0 was chosen over: nothing measured
@@ -329,6 +330,28 @@ def test_budget_tuner_prices_unsampled_short_chains_per_drafted_step():
     assert ar.drafting_ms(20) == pytest.approx(280.0)                # between samples: interpolated
     assert parallel.drafting_ms(2) == pytest.approx(280.0)           # one pass at any budget
     assert ar.choose() == 2 and parallel.choose() == 0
+
+
+def test_budget_tuner_does_not_price_the_drafters_prompt_catch_up_or_clipped_blocks():
+    """Drafters take in the prompt at their first pass of a generation (block 0, or the first drafting block
+    after budget-0 blocks): that block's draft time is not what its budget costs. A block clipped by the
+    generation's end drafts less than its budget and offers fewer nodes: no cost sample, and its tree is
+    censored (it tells a(V) only for V up to its size)."""
+    from cure_core.budget import BudgetTuner, CostCurve
+
+    t = BudgetTuner(CostCurve((0, 8), (100.0, 110.0)), [0, 1, 2, 4], steps=lambda v: v)
+    t.observe(tuner_block([0, 1], 2, draft_ms=340.0, index=0), 2)        # the prompt's catch-up
+    for i in range(1, 4):
+        t.observe(tuner_block([0, 1], 2, draft_ms=90.0, index=i), 2)
+    assert t.drafting_ms(2) == pytest.approx(90.0)
+    t.observe(tuner_block([], 0, draft_ms=0.0, index=0), 0)              # a new generation opens at budget 0
+    t.observe(tuner_block([0], 4, draft_ms=500.0, index=1), 4)            # its first drafting block
+    t.observe(tuner_block([0, 1, 2, 3], 4, draft_ms=180.0, index=2), 4)
+    assert t.drafting_ms(4) == pytest.approx(180.0)
+    before = (t.expected_accept(4), t.expected_size(4), list(t.overhead))
+    t.observe(tuner_block([], 1, draft_ms=45.0, index=3), 4, clipped=True)    # room for 1 node only, rejected
+    assert (t.expected_accept(4), t.expected_size(4), t.overhead) == before
+    assert t.expected_accept(1) == pytest.approx(6 / 7)                    # ...which V = 1 learns
 
 
 def test_budget_tuner_warms_up_with_the_largest_tree_costing_two_tokens():
