@@ -265,6 +265,7 @@ def cure_method(strategy: str, engine, cfg) -> Method:
                 "k": c.k, "v_max": c.v_max, "auto_budget": c.auto_budget,
                 # per block: the budget the tuner chose and why, what it drafted, what it cost
                 "blocks": [{"budget": b.meta.get("v_max"), "tuning": b.meta.get("tuning"), "tree": len(b.nodes),
+                            "drafted": len(b.draft), "draft_stop": b.meta.get("draft_stop"),
                             "accepted": len(b.accepted), "draft_ms": round(b.timings.draft_ms, 2),
                             "verify_ms": round(b.timings.verify_ms, 2)} for b in blocks]}
 

@@ -189,6 +189,7 @@ class BudgetTuner:
         self.warmup_budget = max(cheap) if cheap else min((v for v in self.candidates if v > 0), default=0)
         self.history: list[tuple[list[int], int, bool]] = []   # (accepted node indices, tree size, cut)
         self.overhead: list[tuple[int, float]] = []          # (budget, C_d ms: draft + tree + commit) per drafting block
+        self.step_cost: list[tuple[float, int]] = []         # (draft ms, positions drafted) per drafting block
         self.verify_scale: list[float] = []                  # measured verify_ms / curve's C_v(V): load drift
         self.blocks = 0
         self.fresh = True                                    # no drafting block yet in this generation
@@ -236,6 +237,22 @@ class BudgetTuner:
             near = lo if hi is None else hi
             return mean[near] * (self.steps(v) / self.steps(near) if self.steps is not None else 1.0)
         return mean[lo] + (mean[hi] - mean[lo]) * (v - lo) / (hi - lo)
+
+    def draft_stop(self, v: int) -> float | None:
+        """log theta: a sequential drafter (steps set) drafting for budget v stops once its chain's joint
+        draft probability p falls below theta. Rule: one more position is worth drafting while what it can
+        add, at most p accepted tokens, beats what its cost would earn at the predicted rate: theta =
+        rate(v) x (one drafter step + one more verified node). None before anything is measured, for a
+        block-parallel drafter, and for budget 0."""
+        if self.steps is None or v <= 0 or not self.step_cost:
+            return None
+        r = self.rate(v)
+        if r is None:
+            return None
+        ms, positions = (sum(x) for x in zip(*self.step_cost[-self.window:]))
+        node = (self.verify_ms(v) - self.verify_ms(0)) / v
+        theta = r * (ms / max(positions, 1) + node)
+        return math.log(min(theta, 1.0)) if theta > 0 else None
 
     def verify_ms(self, v: float) -> float:
         """C_v(V): the start-up curve, rescaled online by how verification times run now."""
@@ -295,6 +312,7 @@ class BudgetTuner:
             # (a 1.5B pair's tuner drafted 1-node chains for 180 blocks because 2 nodes "cost" 338 ms).
             if not self.fresh and not clipped:
                 self.overhead.append((budget, t.draft_ms + t.tree_ms + t.commit_ms))
+                self.step_cost.append((t.draft_ms, len(block.draft)))   # per drafted position: draft_stop
             self.fresh = False
         expected = self.curve.verify(block.tree_size)
         if expected > 0 and t.verify_ms > 0:
@@ -314,4 +332,5 @@ class BudgetTuner:
             del self.history[: -self.window]
             del self.overhead[: -self.window]
             del self.verify_scale[: -self.window]
+            del self.step_cost[: -self.window]
 

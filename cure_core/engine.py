@@ -7,6 +7,8 @@ forward over [root, tree nodes] both verifies the tree and produces the next roo
 """
 from __future__ import annotations
 
+import math
+
 import time
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
@@ -21,7 +23,7 @@ from .errors import CureError
 from .lm import CachedLM, padded_size
 from .metrics import common_prefix
 from .lookup import Graft, LookupStats, NgramIndex
-from .strategies import CHAIN_STRATEGIES, build_tree, drafted_steps, propose, uses_lookup
+from .strategies import CHAIN_STRATEGIES, build_tree, drafted_steps, propose, stops_drafting, uses_lookup
 from .tree import DraftTree, greedy_accept, sample_accept
 
 
@@ -245,7 +247,9 @@ class Engine:
 
             # Step 1. Draft a block.
             t_draft = now()
-            proposal = propose(block_cfg, drafter, root, room) if drafter is not None and room > 0 else None
+            draft_stop = tuner.draft_stop(budget) if tuner is not None and stops_drafting(cfg, drafter) else None
+            proposal = (propose(block_cfg, drafter, root, room, draft_stop)
+                        if drafter is not None and room > 0 else None)
 
             # Steps 2-5. UFPs, branch budget, repair branches (re-drafted inside), trie under V_max.
             t_tree = now()
@@ -308,7 +312,7 @@ class Engine:
                                 draft_ms=(t_tree - t_draft) * 1e3 + plan.redraft_ms,
                                 tree_ms=(t_tree_end - t_tree) * 1e3 - plan.redraft_ms,
                                 verify_ms=(t_verify - t_tree_end) * 1e3, commit_ms=(t_commit - t_verify) * 1e3),
-                stop=stop, meta=self._budget_meta(tuner, budget, cfg))
+                stop=stop, meta=self._budget_meta(tuner, budget, cfg, draft_stop))
             if tuner is not None:
                 tuner.observe(block, budget, clipped)
             yield block
@@ -319,10 +323,12 @@ class Engine:
             root = bonus
 
     @staticmethod
-    def _budget_meta(tuner: BudgetTuner | None, budget: int, cfg: DecodeConfig) -> dict:
+    def _budget_meta(tuner: BudgetTuner | None, budget: int, cfg: DecodeConfig, draft_stop: float | None = None) -> dict:
         if tuner is None:
             return {}
         meta = {"v_max": budget, "predicted_speedup": tuner.last_prediction, "tuning": tuner.last_phase}
+        if draft_stop is not None:
+            meta["draft_stop"] = round(math.exp(draft_stop), 4)   # the chain probability it drafted down to
         if budget == 0:
             # What budget 0 was chosen over (Block.no_draft_reason), with the fixed settings that force it:
             # a budget below K-1 is a shorter block (K = budget + 1), as the tuner runs it.

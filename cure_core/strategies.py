@@ -56,19 +56,20 @@ def uses_lookup(cfg: DecodeConfig) -> bool:
 
 
 def drafted_steps(cfg: DecodeConfig, drafter, budget: int) -> int:
-    """Positions drafted for a tuner's budget of `budget` nodes (0: no draft, the target steps alone).
-    Rule: min(budget, K-1), a shorter block of branch 0 plus width, except best-first cure over a
-    sequential (AR) drafter, which drafts ceil(budget / 2) positions and fills the other half of the
-    budget with repairs: substitutions re-drafted inside the chain's own steps (ArDrafter.
-    propose_with_redrafts), whose rows cost about nothing beside the chain's on packed kernels, while
-    every drafted position is one more sequential drafter step. On the 1.5B pair's tuning prompts this
-    ran cure at 1.00x ddtree where drafting one position per node ran 0.91x
-    (benchmarks/results/tuner_tune30_qwen15b_cpu/nodes_per_step.json)."""
-    if budget <= 0:
-        return 0
-    if best_first_tree(cfg) and cfg.strategy == "cure" and getattr(drafter, "sequential", False):
-        return min(-(-budget // 2), cfg.depth)
-    return min(budget, cfg.depth)
+    """Positions drafted, at most, for a tuner's budget of `budget` nodes (0: no draft, the target steps
+    alone). Rule: min(budget, K-1), a shorter block; larger budgets leave room for width and repairs.
+    (Best-first cure over a sequential drafter may stop sooner, where its chain gets unlikely:
+    `draft_stop`.) Drafting ceil(budget / 2) positions for cure there, the rest of the budget repairs,
+    was measured on held-out prompts and lost depth on code (benchmarks/results/peers60_qwen15b_halfdepth_cpu)."""
+    return min(budget, cfg.depth) if budget > 0 else 0
+
+
+def stops_drafting(cfg: DecodeConfig, drafter) -> bool:
+    """Rule: best-first cure over a sequential drafter drafts position by position only while the chain
+    is likely enough to pay for the next step (`draft_stop`); the budget it does not spend on depth goes
+    to width and re-drafted repairs. Block-parallel drafters draft their block in one pass (nothing to
+    save), and ddtree / sd stay their reference rules."""
+    return cfg.strategy == "cure" and cfg.cure_tree == "best-first" and getattr(drafter, "sequential", False)
 
 
 def redraft_policy(cfg: DecodeConfig, drafter) -> RedraftPolicy:
@@ -88,9 +89,13 @@ def redrafts_while_drafting(cfg: DecodeConfig, drafter, n: int) -> int:
     return redraft_policy(cfg, drafter).count if cfg.v_max > n else 0
 
 
-def propose(cfg: DecodeConfig, drafter: Drafter, root: int, n: int) -> Proposal:
-    """Draft one block of n positions as `cfg`'s tree will need it (width; re-drafts in the same steps)."""
+def propose(cfg: DecodeConfig, drafter: Drafter, root: int, n: int, stop_logp: float | None = None) -> Proposal:
+    """Draft one block of n positions as `cfg`'s tree will need it (width; re-drafts in the same steps).
+    `stop_logp` (stops_drafting): a chain drafter stops once its chain's joint log-prob falls below it, and
+    then drafts its re-drafts too whatever the budget, since a stopped chain leaves the budget room."""
     width = proposal_width(cfg, cfg.v_max)
+    if stop_logp is not None and stops_drafting(cfg, drafter) and getattr(drafter, "redrafts_while_drafting", False):
+        return drafter.propose_with_redrafts(root, n, width, redraft_policy(cfg, drafter).count, stop_logp)
     count = redrafts_while_drafting(cfg, drafter, n)
     return drafter.propose_with_redrafts(root, n, width, count) if count else drafter.propose(root, n, width)
 
@@ -291,7 +296,8 @@ def build_cure_best_first(cfg: DecodeConfig, proposal: Proposal, drafter: Drafte
     base = Table.of(proposal)
     n = len(proposal.tokens)
     policy = redraft_policy(cfg, drafter)
-    fused = redrafts_while_drafting(cfg, drafter, n)
+    # a proposal carrying re-drafts was drafted with them (a stopped chain may hold them under any budget)
+    fused = policy.count if proposal.redrafts else redrafts_while_drafting(cfg, drafter, n)
     if fused:
         # A causal chain drafter chose its substitutions as it drafted (chain_substitutions) and re-drafted
         # them in the chain's steps; a replay (no re-drafts in the proposal) asks for the same prefixes.

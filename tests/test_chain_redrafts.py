@@ -1,6 +1,8 @@
 """A causal chain drafter re-drafts the best substitutions inside its own chain steps (#13 item 1 for AR
 chains): the same re-drafts as redraft_topk, chosen by one rule (drafters.base.chain_substitutions),
 and lossless under best-first cure (T > 0: tests/test_sampling.py)."""
+import math
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -98,22 +100,28 @@ def test_cure_over_an_ar_chain_equals_ar(target, drafts, prompt, k, extra, redra
 
 
 @pytest.mark.parametrize("strategy", ["cure", "ddtree"])
-def test_tuned_budgets_over_an_ar_chain_draft_half_as_deep_under_cure(target, drafts, strategy, monkeypatch):
-    """Under the budget tuner, best-first cure over a sequential drafter drafts ceil(V / 2) positions for a
-    budget of V nodes and spends the rest on re-drafted repairs; ddtree drafts min(V, K-1). Every budget
-    the tuner can pick stays lossless."""
+def test_cure_over_an_ar_chain_stops_drafting_where_the_chain_gets_unlikely(target, drafts, strategy, monkeypatch):
+    """Under the budget tuner, best-first cure over a sequential drafter drafts position by position only
+    while the chain's joint draft probability stays above the tuner's threshold, and fills the budget it
+    did not spend on depth with width and re-drafted repairs; ddtree drafts min(V, K-1) positions. Every
+    budget and threshold stays lossless."""
     from cure_core.engine import Engine
     from cure_core.strategies import drafted_steps
 
     budgets = [0, 1, 2, 4, 8, 12, 16, 24]
+    thresholds = [0.0, 0.3, 0.6, 0.9]
 
-    class Cycle:                                       # each candidate budget in turn
+    class Cycle:                                       # each candidate budget in turn, thresholds in turn
         def __init__(self):
             self.n, self.last_prediction, self.last_phase, self.candidates = 0, None, "settled", budgets
 
         def choose(self):
             self.n += 1
             return budgets[self.n % len(budgets)]
+
+        def draft_stop(self, v):
+            p = thresholds[self.n % len(thresholds)]
+            return math.log(p) if p > 0 else None
 
         def observe(self, block, budget, clipped=False):
             pass
@@ -123,19 +131,43 @@ def test_tuned_budgets_over_an_ar_chain_draft_half_as_deep_under_cure(target, dr
 
     monkeypatch.setattr(Engine, "_make_tuner", lambda self, cfg: Cycle())
     pair = ar_pair(target, drafts["mild"])
-    cfg = DecodeConfig(strategy=strategy, k=8, v_max=24, max_new_tokens=60, auto_budget=True, lookup=0)
+    cfg = DecodeConfig(strategy=strategy, k=8, v_max=24, max_new_tokens=80, auto_budget=True, lookup=0)
     prompt = list(b"def add(a, b):\n    return")
     blocks = list(Engine(pair, cfg).generate(prompt))
     assert [t for b in blocks for t in b.emitted] == generate_ids(pair, cfg.with_(strategy="ar", auto_budget=False), prompt)
     drafter = pair.drafter_for(strategy)
-    assert [drafted_steps(cfg, drafter, v) for v in budgets] == (
-        [0, 1, 1, 2, 4, 6, 7, 7] if strategy == "cure" else [0, 1, 2, 4, 7, 7, 7, 7])
     before = [sum(len(x.emitted) for x in blocks[:i]) for i in range(len(blocks))]
     full = [b for b, n in zip(blocks, before)                  # blocks the generation's end left whole
             if cfg.max_new_tokens - n - 1 >= drafted_steps(cfg, drafter, b.meta["v_max"])]
     assert len(full) > len(budgets)
+    stopped = 0
     for b in full:
-        assert len(b.draft) == drafted_steps(cfg, drafter, b.meta["v_max"]), (b.index, b.meta["v_max"])
         assert b.tree_size <= b.meta["v_max"]
-    if strategy == "cure":                             # repairs: more nodes than drafted positions
-        assert any(b.tree_size > len(b.draft) > 0 for b in full)
+        steps = drafted_steps(cfg, drafter, b.meta["v_max"])
+        if strategy == "ddtree" or "draft_stop" not in b.meta:
+            assert len(b.draft) == steps and "draft_stop" not in b.meta
+            continue
+        assert 1 <= len(b.draft) <= steps                 # the rule itself: test_the_chain_stops_...
+        stopped += len(b.draft) < steps
+    if strategy == "cure":
+        assert stopped and any(b.tree_size > len(b.draft) > 0 for b in full)      # width where it stopped
+
+
+def test_the_chain_stops_at_the_first_position_below_the_threshold(target, drafts):
+    """propose_with_redrafts(stop_logp): positions are drafted while the joint draft log-prob of the chain
+    so far is >= stop_logp; the chain and its re-drafts are exactly those of an unstopped draft cut there."""
+    d = ArDrafter(drafts["strong"], vocab_size=BYTE_VOCAB)
+    context = list(b"def add(a, b):\n    return a")
+    d.reset(context[:-1])
+    full = d.propose_with_redrafts(context[-1], 7, 6, 3)
+    joint = full.top_logprobs[:, 0].cumsum(0).tolist()
+    for p in (0.0, 0.2, 0.5, 0.8, 0.99, 1.0):
+        d.reset(context[:-1])
+        log_p = math.log(p) if p > 0 else -math.inf
+        cut = d.propose_with_redrafts(context[-1], 7, 6, 3, stop_logp=log_p)
+        m = next((i + 1 for i, j in enumerate(joint[:-1]) if j < log_p), 7)
+        assert cut.tokens == full.tokens[:m]
+        assert torch.equal(cut.top_ids, full.top_ids[:m])
+        assert set(cut.redrafts) == {tuple(p) for p in chain_substitutions(full.top_ids[:m], full.top_logprobs[:m], 3, m)}
+        for prefix, r in cut.redrafts.items():
+            assert len(prefix) + len(r.tokens) == m

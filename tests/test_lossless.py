@@ -1,4 +1,5 @@
 """Losslessness: every strategy emits exactly ar's tokens at temperature 0 in float32."""
+import dataclasses
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -352,6 +353,26 @@ def test_budget_tuner_does_not_price_the_drafters_prompt_catch_up_or_clipped_blo
     t.observe(tuner_block([], 1, draft_ms=45.0, index=3), 4, clipped=True)    # room for 1 node only, rejected
     assert (t.expected_accept(4), t.expected_size(4), t.overhead) == before
     assert t.expected_accept(1) == pytest.approx(6 / 7)                    # ...which V = 1 learns
+
+
+def test_budget_tuner_draft_stop_prices_one_more_position_at_the_predicted_rate():
+    """theta = rate(V) x (drafting ms per drafted position + verify ms per node): a chain whose joint
+    probability is below theta cannot add as many tokens as that time earns at the current rate."""
+    import math
+
+    from cure_core.budget import BudgetTuner, CostCurve
+
+    curve = CostCurve((0, 8), (100.0, 140.0))                         # 5 ms a node
+    t = BudgetTuner(curve, [0, 1, 2, 4, 8], steps=lambda v: v)
+    assert t.draft_stop(4) is None                                    # nothing measured yet
+    for i in range(1, 5):                                             # 4 positions drafted at 40 ms each
+        b = tuner_block([0, 1], 4, draft_ms=160.0, index=i)
+        t.observe(dataclasses.replace(b, draft=(1, 2, 3, 4)), 4)
+    rate = t.rate(4)                                                  # 3 tokens / (160 + 120 ms)
+    assert rate == pytest.approx(3 / 280)
+    assert math.exp(t.draft_stop(4)) == pytest.approx(rate * (40.0 + 5.0))
+    assert BudgetTuner(curve, [0, 4]).draft_stop(4) is None            # block-parallel: one pass anyway
+    assert t.draft_stop(0) is None
 
 
 def test_budget_tuner_warms_up_with_the_largest_tree_costing_two_tokens():

@@ -114,20 +114,26 @@ class ArDrafter(_CausalDrafter):
     def propose(self, root: int, n: int, top_k: int) -> Proposal:
         return self.propose_with_redrafts(root, n, top_k, 0)
 
-    def propose_with_redrafts(self, root: int, n: int, top_k: int, count: int) -> Proposal:
+    def propose_with_redrafts(self, root: int, n: int, top_k: int, count: int,
+                              stop_logp: float | None = None) -> Proposal:
         """The chain y_1..y_n, one step per token, and under each of its `count` best substitutions
         (base.chain_substitutions) the rest of the block re-drafted greedily, as batched rows of the
         same steps: the substitute at depth d is fed beside y_d, with y_{d-1} as its parent. The
         substitutions are chosen as the rows come (a causal drafter cannot wait for the whole chain);
         one pushed out by a better one later is dropped. A step of 1 + count rows costs about one row
-        on packed kernels, so re-drafting adds no sequential step (redraft_topk adds up to n - 1)."""
+        on packed kernels, so re-drafting adds no sequential step (redraft_topk adds up to n - 1).
+        `stop_logp`: draft no further once the chain's joint draft log-prob falls below it (fewer than n
+        positions; the re-drafts end at the same depth)."""
         first = self._feed_root(root, [])[-1]                   # [C] after the root
         ids, logp = top_k_logprobs(first[None], top_k)          # [1, k] each, row by row as drafted
         rows_ids, rows_lp = [self._ids(ids)], [logp]
         tokens = [int(rows_ids[0][0, 0])]
         nodes: list[int] = []                                   # the chain's scratch node at depth 1..
         live: dict[tuple[int, ...], list] = {}                  # substitution -> [its last node, its [k] rows]
+        joint = float(logp[0, 0])                               # the chain's log-prob so far
         for d in range(1, n):                                   # feed depth d, draft row d (depth d + 1)
+            if stop_logp is not None and joint < stop_logp:
+                break
             keep = chain_substitutions(torch.cat(rows_ids), torch.cat(rows_lp), count, n) if count else []
             live = {p: live.get(p) or [nodes[-1] if len(p) > 1 else -1, []] for p in keep}
             # len(p) == d: its substitute enters now; older ones feed their last row's top-1
@@ -140,6 +146,7 @@ class ArDrafter(_CausalDrafter):
             rows_ids.append(cols[:1])
             rows_lp.append(lp[:1])
             tokens.append(int(cols[0, 0]))
+            joint += float(lp[0, 0])
             for i, entry in enumerate(live.values(), start=1):
                 entry[0] = fwd.nodes[i]
                 entry[1].append((cols[i], lp[i]))
