@@ -7,11 +7,13 @@ One block's calls, in order:
                                the substituted token), the next `length` positions re-drafted under it,
                                with per-position top-k, as a Proposal; one batched pass
   redraft(prefixes, lengths) -> the same, the suffix tokens only (the paper's repair branches)
-  propose_with_redrafts(root, n, top_k, count) -> optional, for causal chain drafters (ArDrafter): the
-                               proposal AND the re-drafts under its `count` best chain substitutions
-                               (chain_substitutions), drafted in the same sequential steps as the chain
-                               (one batched row each), so re-drafting adds no sequential step; in
-                               Proposal.redrafts. Drafters that have it set `redrafts_while_drafting`.
+  propose_with_redrafts(root, n, top_k, count, stop_logp=None) -> optional, for causal chain drafters
+                               (ArDrafter): the proposal AND the re-drafts under its `count` best chain
+                               substitutions (chain_substitutions), drafted in the same sequential steps
+                               as the chain (one batched row each), so re-drafting adds no sequential
+                               step; in Proposal.redrafts. With stop_logp: no further position once the
+                               chain's joint log-prob is below it (fewer than n). Drafters that have it
+                               set `redrafts_while_drafting`.
 Drafters that take one forward per drafted token set `sequential` (the budget tuner prices their
 drafting per step); block-parallel ones draft their block in one pass at any budget.
   advance(tokens, hidden)   -> resync: `tokens` (root + accepted path) are now committed; `hidden`
