@@ -8,7 +8,6 @@ forward over [root, tree nodes] both verifies the tree and produces the next roo
 from __future__ import annotations
 
 import math
-
 import time
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
@@ -125,8 +124,8 @@ class Engine:
         wider = [] if cfg.strategy in CHAIN_STRATEGIES else [s for s in SIZES if cfg.depth < s < cfg.v_max] + [cfg.v_max]
         # A sequential (AR) drafter takes one step per drafted position (strategies.drafted_steps), so its
         # tuner prices drafting per step.
-        drafter = self.pair.drafter_for(cfg.strategy)
-        steps = (lambda v: drafted_steps(cfg, drafter, v)) if getattr(drafter, "sequential", False) else None
+        sequential = getattr(self.pair.drafter_for(cfg.strategy), "sequential", False)
+        steps = (lambda v: drafted_steps(cfg, v)) if sequential else None
         return BudgetTuner(curve, sorted(set(shorter + wider)), steps=steps)
 
     def generate(self, prompt_ids: Sequence[int], cfg: DecodeConfig | None = None, *,
@@ -235,7 +234,7 @@ class Engine:
             # Rule: emitted tokens (accepted + bonus) must fit both max_new_tokens and the context.
             room = min(cfg.depth, limit - ctx - 2, cfg.max_new_tokens - new - 1)
             budget = tuner.choose() if tuner is not None else cfg.v_max
-            steps = drafted_steps(cfg, drafter, budget) if tuner is not None else cfg.depth
+            steps = drafted_steps(cfg, budget) if tuner is not None else cfg.depth
             clipped = room < steps                        # the generation's end, not the budget, bounds this block
             block_cfg = cfg
             if tuner is not None:

@@ -55,7 +55,7 @@ def uses_lookup(cfg: DecodeConfig) -> bool:
     return cfg.lookup > 0 and cfg.strategy == "cure" and cfg.cure_tree == "best-first"
 
 
-def drafted_steps(cfg: DecodeConfig, drafter, budget: int) -> int:
+def drafted_steps(cfg: DecodeConfig, budget: int) -> int:
     """Positions drafted, at most, for a tuner's budget of `budget` nodes (0: no draft, the target steps
     alone). Rule: min(budget, K-1), a shorter block; larger budgets leave room for width and repairs.
     (Best-first cure over a sequential drafter may stop sooner, where its chain gets unlikely:
@@ -94,7 +94,7 @@ def propose(cfg: DecodeConfig, drafter: Drafter, root: int, n: int, stop_logp: f
     `stop_logp` (stops_drafting): a chain drafter stops once its chain's joint log-prob falls below it, and
     then drafts its re-drafts too whatever the budget, since a stopped chain leaves the budget room."""
     width = proposal_width(cfg, cfg.v_max)
-    if stop_logp is not None and stops_drafting(cfg, drafter) and getattr(drafter, "redrafts_while_drafting", False):
+    if stop_logp is not None:                     # given only where stops_drafting (the engine's rule)
         return drafter.propose_with_redrafts(root, n, width, redraft_policy(cfg, drafter).count, stop_logp)
     count = redrafts_while_drafting(cfg, drafter, n)
     return drafter.propose_with_redrafts(root, n, width, count) if count else drafter.propose(root, n, width)

@@ -135,15 +135,14 @@ def test_cure_over_an_ar_chain_stops_drafting_where_the_chain_gets_unlikely(targ
     prompt = list(b"def add(a, b):\n    return")
     blocks = list(Engine(pair, cfg).generate(prompt))
     assert [t for b in blocks for t in b.emitted] == generate_ids(pair, cfg.with_(strategy="ar", auto_budget=False), prompt)
-    drafter = pair.drafter_for(strategy)
     before = [sum(len(x.emitted) for x in blocks[:i]) for i in range(len(blocks))]
     full = [b for b, n in zip(blocks, before)                  # blocks the generation's end left whole
-            if cfg.max_new_tokens - n - 1 >= drafted_steps(cfg, drafter, b.meta["v_max"])]
+            if cfg.max_new_tokens - n - 1 >= drafted_steps(cfg, b.meta["v_max"])]
     assert len(full) > len(budgets)
     stopped = 0
     for b in full:
         assert b.tree_size <= b.meta["v_max"]
-        steps = drafted_steps(cfg, drafter, b.meta["v_max"])
+        steps = drafted_steps(cfg, b.meta["v_max"])
         if strategy == "ddtree" or "draft_stop" not in b.meta:
             assert len(b.draft) == steps and "draft_stop" not in b.meta
             continue
