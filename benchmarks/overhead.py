@@ -3,8 +3,11 @@ forwards (target and drafter, re-drafts included), on tiny models where forwards
 
 Every strategy runs at the same node budgets; cure runs both trees (best-first, paper). The goal
 (#13): cure's overhead at most ddtree's + 0.3 ms.
+`--drafter ar --auto`: an autoregressive chain drafter under the budget tuner (the budgets are the
+ceilings): sd, ddtree and best-first cure with its draft stop, the tuner's own work counted as overhead.
 
-    python benchmarks/overhead.py [--blocks 200] [--threads 1] [--budgets 16,32,64] [--json OUT.json]
+    python benchmarks/overhead.py [--blocks 200] [--threads 1] [--budgets 16,32,64] [--drafter pard|ar]
+                                  [--auto] [--json OUT.json]
 """
 from __future__ import annotations
 
@@ -68,20 +71,25 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--budgets", default="16,32,64")
     ap.add_argument("--kv-cache", default="static", choices=["static", "dynamic"],
                     help="KV layout (the K/V writes inside the forward count as model time; compaction as overhead)")
+    ap.add_argument("--drafter", default="pard", choices=["pard", "ar"],
+                    help="pard: block-parallel (parallel, ddtree, cure both trees); ar: a chain drafter (sd, ddtree, cure)")
+    ap.add_argument("--auto", action="store_true", help="--v-max auto: the budget tuner picks each block's budget")
     ap.add_argument("--json", default=None, metavar="OUT.json")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     target = tiny_target(seed=0)
     draft = perturbed_copy(target, noise=0.3, seed=1)
     clock = ForwardClock(target, draft)
-    pair, _ = build_pair(target, draft, drafter="pard", mask_token_id=MASK_ID, vocab_size=BYTE_VOCAB)
+    pair, _ = build_pair(target, draft, drafter=args.drafter, mask_token_id=MASK_ID, vocab_size=BYTE_VOCAB)
     prompt = list(b"def quicksort(xs):\n    ")
-    runs = [("parallel", 15, {})]
+    runs = [("parallel" if args.drafter == "pard" else "sd", 15, {})]
     for v in (int(b) for b in args.budgets.split(",")):
-        runs += [("ddtree", v, {}), ("cure", v, {"cure_tree": "best-first"}), ("cure", v, {"cure_tree": "paper"})]
+        runs += [("ddtree", v, {}), ("cure", v, {"cure_tree": "best-first"})]
+        runs += [("cure", v, {"cure_tree": "paper"})] if args.drafter == "pard" else []
     rows = []
     for strategy, v_max, extra in runs:
-        cfg = DecodeConfig(strategy=strategy, v_max=v_max, max_new_tokens=64, kv_cache=args.kv_cache, **extra)
+        cfg = DecodeConfig(strategy=strategy, v_max=v_max, max_new_tokens=64, kv_cache=args.kv_cache,
+                           auto_budget=args.auto, **extra)
         measure(pair, clock, cfg, prompt, 10)        # warm-up
         res = measure(pair, clock, cfg, prompt, args.blocks)
         oh = [r["overhead_ms"] for r in res]
@@ -90,7 +98,8 @@ def main(argv=None) -> list[dict]:
                      "overhead_ms_median": statistics.median(oh), "overhead_ms_mean": statistics.mean(oh),
                      "overhead_ms_p90": sorted(oh)[int(0.9 * len(oh))],
                      "block_ms_median": statistics.median(r["wall_ms"] for r in res)})
-    print(f"kv cache: {args.kv_cache}; threads: {args.threads}; load average: {os.getloadavg()[0]:.2f}")
+    print(f"drafter: {args.drafter}; budgets: {'auto, ceilings' if args.auto else 'fixed'}; kv cache: {args.kv_cache}; "
+          f"threads: {args.threads}; load average: {os.getloadavg()[0]:.2f}")
     print(f"{'strategy':22} {'v_max':>5} {'mean V':>7} {'max V':>6} {'overhead ms (median)':>21} {'mean':>6} {'p90':>7} "
           f"{'block ms (median)':>18}")
     for r in rows:
@@ -99,6 +108,7 @@ def main(argv=None) -> list[dict]:
               f"{r['overhead_ms_mean']:>6.2f} {r['overhead_ms_p90']:>7.2f} {r['block_ms_median']:>18.2f}")
     if args.json:
         Path(args.json).write_text(json.dumps({"threads": args.threads, "kv_cache": args.kv_cache,
+                                               "drafter": args.drafter, "auto_budget": args.auto,
                                                "load_average": list(os.getloadavg()), "rows": rows}, indent=2))
     return rows
 
