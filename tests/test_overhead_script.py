@@ -1,0 +1,21 @@
+"""benchmarks/overhead.py: host overhead per block, over a block-parallel or an autoregressive drafter."""
+import json
+
+from conftest import benchmark_script
+
+
+def test_overhead_runs_each_strategy_at_each_budget_for_both_drafter_kinds(tmp_path, capsys):
+    with benchmark_script("overhead") as mod:
+        pard = mod.main(["--blocks", "3", "--budgets", "16", "--threads", "1"])
+        ar = mod.main(["--blocks", "3", "--budgets", "16", "--drafter", "ar", "--json", str(tmp_path / "ar.json")])
+    name = lambda r: (r["strategy"], r["v_max"], r.get("cure_tree"))               # noqa: E731
+    assert [name(r) for r in pard] == [("parallel", 15, None), ("ddtree", 16, None), ("cure", 16, "best-first"),
+                                       ("cure", 16, "paper")]
+    assert [name(r) for r in ar] == [("sd", 15, None), ("ddtree", 16, None), ("cure", 16, "best-first")]
+    for r in pard + ar:
+        # whole generations until 3 blocks; host time = the block minus its model forwards: > 0, < the block
+        assert r["blocks"] >= 3 and 0 < r["overhead_ms_median"] < r["block_ms_median"]
+        assert 1 <= r["mean_V"] <= r["max_V"] <= r["v_max"]
+    saved = json.loads((tmp_path / "ar.json").read_text())
+    assert saved["drafter"] == "ar" and saved["auto_budget"] is False and saved["rows"] == ar
+    assert "drafter: ar; budgets: fixed" in capsys.readouterr().out
