@@ -5,6 +5,7 @@ Every strategy runs at the same node budgets; cure runs both trees (best-first, 
 (#13): cure's overhead at most ddtree's + 0.3 ms.
 `--drafter ar --auto`: an autoregressive chain drafter under the budget tuner (the budgets are the
 ceilings): sd, ddtree and best-first cure with its draft stop, the tuner's own work counted as overhead.
+(On these tiny models the tuner settles on budget 0, drafting never pays: benchmarks/results/README.md.)
 
     python benchmarks/overhead.py [--blocks 200] [--threads 1] [--budgets 16,32,64] [--drafter pard|ar]
                                   [--auto] [--json OUT.json]
