@@ -13,6 +13,10 @@ replayed as the engine builds it, at every budget V:
   ddtree            strategies.build_ddtree (the reference best-first rule)
   cure-paper        strategies.build_cure_tree: branch 0 + repairs at UFPs, suffixes re-drafted
   cure-best-first   strategies.build_cure_best_first with `redrafts` R (--redrafts: R values to compare)
+  cure-best-first-stopP   the same over a sequential (AR chain) drafter that stops drafting once its
+                    chain's joint draft probability falls below P (--draft-stop: the engine's draft_stop,
+                    which the budget tuner sets per block from measured costs; here a fixed P per shape),
+                    the budget it leaves going to width and re-drafted repairs
 
 A block's tree accepts the longest path that follows the truth; a path still matching where the
 output ended is counted and reported as censored.
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import tempfile
 from dataclasses import dataclass, field
@@ -88,6 +93,19 @@ class Shape:
     redrafts: int | None = None   # cure best-first: substitutions re-drafted per block
     weight: float = 1.0           # cure best-first: the re-draft's weight in the blend (strategies.mix)
     short: bool = False           # replay the proposal of a block drafted with only V masks (--short-blocks)
+    stop: float | None = None     # cure best-first over a sequential drafter: stop drafting below this chain prob
+
+
+def stop_rows(p: Proposal, rows: int, stop: float) -> int:
+    """Rows a sequential drafter drafts of `rows` when it stops once its chain's joint draft probability
+    falls below `stop` (ArDrafter.propose_with_redrafts with stop_logp = log stop): row 0 always, row d
+    while the joint log-prob of rows 0..d-1 is at least log stop."""
+    floor, joint = math.log(stop), 0.0
+    for d in range(rows):
+        if d > 0 and joint < floor:
+            return d
+        joint += float(p.top_logprobs[d, 0])
+    return rows
 
 
 def shape_tree(shape: Shape, base: DecodeConfig, p: Proposal, v: int, drafter) -> DraftTree:
@@ -99,6 +117,8 @@ def shape_tree(shape: Shape, base: DecodeConfig, p: Proposal, v: int, drafter) -
         tree = DraftTree()
         tree.add_path(p.tokens[:rows], branch=0)
         return tree
+    if shape.stop is not None and getattr(drafter, "redrafts_while_drafting", False):
+        rows = stop_rows(p, rows, shape.stop)             # the engine stops only sequential drafters
     cfg = base.with_(k=rows + 1, v_max=v)                  # the tree is at most `rows` deep either way
     if shape.name in ("ddtree", "ddtree-short"):
         return build_ddtree(cfg.with_(strategy="ddtree"), cut(p, rows, proposal_width(cfg.with_(strategy="ddtree"), v)))
@@ -240,8 +260,9 @@ def record_run(args, shapes, budgets, check):
     with tempfile.TemporaryDirectory(prefix="cure-shapes-") as tmp:
         if args.tiny:
             from cure_core.tiny import save_tiny_pair
-            tdir, ddir = save_tiny_pair(Path(tmp))
-            engine_args = engine_args.with_(target=str(tdir), draft=str(ddir), drafter="pard")
+            tdir, ddir = save_tiny_pair(Path(tmp))               # --drafter ar: the copy as an AR chain
+            engine_args = engine_args.with_(target=str(tdir), draft=str(ddir),
+                                            drafter="ar" if args.drafter == "ar" else "pard")
         loaded = open_pair(engine_args)
         if loaded.pair.drafter is None:
             raise SystemExit("tree_shapes needs a drafter for the target (--draft)")
@@ -277,6 +298,9 @@ def parse_args(argv):
     ap.add_argument("--budgets", default="3,5,8,16,32,64")
     ap.add_argument("--redrafts", default="1,2,4", help="cure best-first: re-drafted substitutions per block to compare "
                     "(R, or R@W with W the re-draft's weight in the blend, strategies.mix)")
+    ap.add_argument("--draft-stop", default="", help="cure best-first over an AR chain drafter: chain probabilities P "
+                    "below which drafting stops (comma list, P or P@R with R re-drafts, default R 3, the AR drafter's "
+                    "own count); one cure-best-first-stopP shape each")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json", default=None, metavar="OUT.json")
     ap.add_argument("--save-records", default=None, metavar="FILE.pt", help="keep the recorded blocks (torch.save)")
@@ -298,7 +322,11 @@ def main(argv=None) -> dict:
     shapes = [Shape("chain"), Shape("ddtree"), Shape("cure-paper")] + (
         [Shape("chain-short", short=True), Shape("ddtree-short", short=True)] if args.short_blocks else []) + [
         Shape(f"cure-best-first-r{spec}", int(spec.split("@")[0]), float(spec.split("@")[1]) if "@" in spec else 1.0)
-        for spec in args.redrafts.split(",")]
+        for spec in args.redrafts.split(",")] + [
+        Shape(f"cure-best-first-stop{spec}", int(spec.split("@")[1]) if "@" in spec else 3,
+              stop=float(spec.split("@")[0])) for spec in parse_list(args.draft_stop)]
+    if any(not 0.0 < s.stop < 1.0 for s in shapes if s.stop is not None):
+        raise SystemExit("--draft-stop: each P must lie in (0, 1)")
     check = {} if args.check else None
     if args.load_records:
         saved = torch.load(args.load_records, weights_only=False)

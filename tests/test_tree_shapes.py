@@ -67,3 +67,44 @@ def test_short_blocks_record_what_a_block_of_v_masks_would_propose():
         assert mod.proposal_for(mod.Shape("chain-short", short=True), r, 3) is got[3]
         assert mod.proposal_for(mod.Shape("chain"), r, 3) is full
         assert mod.proposal_for(mod.Shape("chain-short", short=True), r, 8) is full
+
+
+def test_draft_stop_replay_builds_the_engines_tree():
+    """--draft-stop: the cure-best-first-stopP shape, replayed from a full-depth proposal, is the tree the
+    engine builds when an AR chain drafter stops drafting below P (propose with stop_logp, its re-drafts
+    made in the chain's own steps), at budgets below, at and above the rows it drafts."""
+    import math
+
+    import torch
+    from cure_core.config import DecodeConfig
+    from cure_core.drafters.causal import ArDrafter
+    from cure_core.strategies import build_tree, propose
+    from cure_core.tiny import perturbed_copy, tiny_target
+
+    torch.manual_seed(0)
+    target = tiny_target(seed=3, logit_scale=40.0)
+    draft = perturbed_copy(target, noise=0.3, seed=4).eval()
+    context, root, n = [5, 17, 42, 9, 77, 3], 11, 7
+    probe = ArDrafter(draft, vocab_size=target.config.vocab_size)
+    probe.reset(context)
+    full = probe.propose(root, n, 64)
+    cum = full.top_logprobs[:, 0].cumsum(0)
+    assert cum[-1] < cum[0]                             # the chain gets less likely: the stop bites somewhere
+    seen = set()
+    with benchmark_script("tree_shapes") as mod:
+        for rows in range(1, n):                        # a stop just below each row's joint prob
+            stop = math.exp(float(cum[rows - 1])) * 1.0001
+            if stop >= 1.0 or float(cum[rows - 1]) == float(cum[rows - 2] if rows > 1 else 0.0):
+                continue
+            assert mod.stop_rows(full, n, stop) == rows
+            for v in (2, 5, 12, 24):
+                # as the engine's block config: budgets below the block draft (and keep) v positions
+                cfg = DecodeConfig(strategy="cure", cure_tree="best-first", k=min(v, n) + 1, v_max=v, lookup=0)
+                live = ArDrafter(draft, vocab_size=target.config.vocab_size)
+                live.reset(context)
+                p = propose(cfg, live, root, min(v, n), math.log(stop))
+                engine = build_tree(cfg, p, live).tree
+                replayed = mod.shape_tree(mod.Shape("s", 3, stop=stop), cfg.with_(lookup=0), full, v, probe)
+                assert (replayed.tokens, replayed.parents) == (engine.tokens, engine.parents), (rows, v)
+                seen.add(max(engine.depths) if len(engine) else 0)
+    assert len(seen) >= 3                               # trees of several depths were compared

@@ -64,15 +64,18 @@ def _offset_predictions(pair, kind: str, seq: list[int], start: int, block: int)
 
 
 def evaluate(pair, kind: str, prompts: Sequence[Sequence[int]], max_new_tokens: int = 64, k: int = 8,
-             block: int = 8, progress=None) -> dict:
+             block: int = 8, progress=None, refs: Sequence[Sequence[int]] | None = None) -> dict:
+    """`refs`: the target's greedy continuations of `prompts` when the caller has them already (another
+    drafter's eval over the same target); computed here otherwise."""
     per = {j: [] for j in range(1, block)}
     chain = {j: [] for j in range(1, block)}
     taus: dict[str, list] = {"parallel": [], "cure": []}
     lossless = True
     rows = []
-    for p in prompts:
+    for i, p in enumerate(prompts):
         p = [int(t) for t in p]
-        ref = generate_ids(pair, DecodeConfig(strategy="ar", max_new_tokens=max_new_tokens, k=k), p)
+        ref = ([int(t) for t in refs[i]] if refs is not None else
+               generate_ids(pair, DecodeConfig(strategy="ar", max_new_tokens=max_new_tokens, k=k), p))
         seq = p + ref
         ok = _offset_predictions(pair, kind, seq, len(p) - 1, block)
         for j in ok:
@@ -83,7 +86,7 @@ def evaluate(pair, kind: str, prompts: Sequence[Sequence[int]], max_new_tokens: 
                 if a < len(ok[j]):
                     run = run and ok[j][a]
                     chain[j].append(run)
-        row = {"prompt_tokens": len(p), "new_tokens": len(ref)}
+        row = {"prompt_tokens": len(p), "new_tokens": len(ref), "reference": ref}
         for strat in taus:
             blocks = list(Engine(pair, DecodeConfig(strategy=strat, k=k, max_new_tokens=max_new_tokens)).generate(p))
             out = [t for b in blocks for t in b.emitted]
