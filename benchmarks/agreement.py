@@ -32,20 +32,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from cure_core.options import parse_list  # noqa: E402
+from cure_core.options import EngineArgs, parse_list  # noqa: E402
 
 
 def parse_args(argv: Sequence[str] | None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", default=None, help="target: alias, folder or HF id (default: the embedded default)")
     ap.add_argument("--drafts", required=True, help="comma list of drafters (folders or ids), compared side by side")
-    ap.add_argument("--drafter", default="auto", help="drafter kind for every --drafts entry: auto, dflash, pard")
     ap.add_argument("--sets", default="humaneval@20", help="comma list: TASK, TASK@N (skip its first N), prompts .jsonl")
     ap.add_argument("--limit", type=int, default=20, help="prompts per set")
-    ap.add_argument("--max-new-tokens", type=int, default=64, help="greedy tokens per prompt")
-    ap.add_argument("--k", type=int, default=8, help="block size for the tau runs")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--json", default=None, metavar="OUT.json")
+    # the engine's own flags (one owner, EngineArgs): --drafter applies to every --drafts entry, --k and
+    # --max-new-tokens to the tau runs and the greedy references
+    EngineArgs.add_cli_args(ap, only=("target", "drafter", "max_new_tokens", "k", "kernels", "draft_vocab",
+                                      "device", "dtype"), max_new_tokens=64, k=8)
     args = ap.parse_args(argv)
     if args.limit < 1 or args.max_new_tokens < 1 or args.k < 2:
         ap.error("--limit and --max-new-tokens must be >= 1, --k >= 2")
@@ -67,7 +67,6 @@ def main(argv: Sequence[str] | None = None) -> dict:
     from rich.table import Table
 
     from cure_core.api import open_pair
-    from cure_core.options import EngineArgs
     from cure_core.training.evaluate import evaluate
 
     args = parse_args(argv)
@@ -81,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     refs: dict[str, list[list[int]]] = {}
     prompts: dict[str, list[list[int]]] = {}
     for d in drafts:
-        loaded = open_pair(EngineArgs(target=args.target, draft=d, drafter=args.drafter, strategy="parallel"),
+        loaded = open_pair(EngineArgs.from_cli_args(args).with_(draft=d, strategy="parallel"),
                            strategies=["parallel", "cure"])
         kind = loaded.drafter_kind
         block = loaded.pair.drafter.block_size or args.k      # PARD: any block; measure K
