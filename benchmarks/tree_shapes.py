@@ -311,7 +311,16 @@ def parse_args(argv):
     ap.add_argument("--check", action="store_true", help="also rebuild every replayed tree with the live drafter "
                     "while recording and count differences (slow; the replay's exactness check)")
     EngineArgs.add_cli_args(ap, exclude=("strategy", "temperature", "seed", "v_max", "chat"), k=8, max_new_tokens=48)
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    for spec in parse_list(args.draft_stop):
+        stop, _, r = spec.partition("@")
+        try:
+            ok = 0.0 < float(stop) < 1.0 and (not r or int(r) >= 0)
+        except ValueError:
+            ok = False
+        if not ok:
+            ap.error(f"--draft-stop {spec!r}: want P or P@R, with 0 < P < 1 and R >= 0")
+    return args
 
 
 def main(argv=None) -> dict:
@@ -325,8 +334,6 @@ def main(argv=None) -> dict:
         for spec in args.redrafts.split(",")] + [
         Shape(f"cure-best-first-stop{spec}", int(spec.split("@")[1]) if "@" in spec else 3,
               stop=float(spec.split("@")[0])) for spec in parse_list(args.draft_stop)]
-    if any(not 0.0 < s.stop < 1.0 for s in shapes if s.stop is not None):
-        raise SystemExit("--draft-stop: each P must lie in (0, 1)")
     check = {} if args.check else None
     if args.load_records:
         saved = torch.load(args.load_records, weights_only=False)

@@ -108,3 +108,13 @@ def test_draft_stop_replay_builds_the_engines_tree():
                 assert (replayed.tokens, replayed.parents) == (engine.tokens, engine.parents), (rows, v)
                 seen.add(max(engine.depths) if len(engine) else 0)
     assert len(seen) >= 3                               # trees of several depths were compared
+
+
+def test_a_bad_draft_stop_is_a_usage_error():
+    import pytest
+    with benchmark_script("tree_shapes") as mod:
+        for bad in ("abc", "1.5", "0", "0.2@x"):
+            with pytest.raises(SystemExit) as e:
+                mod.parse_args(["--tiny", "--draft-stop", bad])
+            assert e.value.code == 2
+        assert mod.parse_args(["--tiny", "--draft-stop", "0.1,0.3@2"]).draft_stop == "0.1,0.3@2"
