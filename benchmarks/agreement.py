@@ -95,9 +95,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
                 console.print(f"  {d} on {spec}: {done[0]}/{len(prompts[spec])}", end="\r")
             ev = evaluate(loaded.pair, kind, prompts[spec], max_new_tokens=args.max_new_tokens, k=args.k,
                           block=block, progress=tick, refs=refs.get(spec))
-            refs.setdefault(spec, [row["reference"] for row in ev["per_prompt"]])
-            for row in ev["per_prompt"]:
-                row.pop("reference")
+            refs.setdefault(spec, ev.pop("references"))           # shared, not written per drafter
             ev["kind"] = kind
             out["sets"][spec]["drafters"][d] = ev
         del loaded

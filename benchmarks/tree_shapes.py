@@ -312,14 +312,16 @@ def parse_args(argv):
                     "while recording and count differences (slow; the replay's exactness check)")
     EngineArgs.add_cli_args(ap, exclude=("strategy", "temperature", "seed", "v_max", "chat"), k=8, max_new_tokens=48)
     args = ap.parse_args(argv)
+    args.stops = []                                        # --draft-stop as (spec, P, R)
     for spec in parse_list(args.draft_stop):
         stop, _, r = spec.partition("@")
         try:
-            ok = 0.0 < float(stop) < 1.0 and (not r or int(r) >= 0)
+            parsed = (spec, float(stop), int(r) if r else 3)
         except ValueError:
-            ok = False
-        if not ok:
+            parsed = None
+        if parsed is None or not 0.0 < parsed[1] < 1.0 or parsed[2] < 0:
             ap.error(f"--draft-stop {spec!r}: want P or P@R, with 0 < P < 1 and R >= 0")
+        args.stops.append(parsed)
     return args
 
 
@@ -332,8 +334,7 @@ def main(argv=None) -> dict:
         [Shape("chain-short", short=True), Shape("ddtree-short", short=True)] if args.short_blocks else []) + [
         Shape(f"cure-best-first-r{spec}", int(spec.split("@")[0]), float(spec.split("@")[1]) if "@" in spec else 1.0)
         for spec in args.redrafts.split(",")] + [
-        Shape(f"cure-best-first-stop{spec}", int(spec.split("@")[1]) if "@" in spec else 3,
-              stop=float(spec.split("@")[0])) for spec in parse_list(args.draft_stop)]
+        Shape(f"cure-best-first-stop{spec}", r, stop=stop) for spec, stop, r in args.stops]
     check = {} if args.check else None
     if args.load_records:
         saved = torch.load(args.load_records, weights_only=False)

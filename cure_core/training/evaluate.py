@@ -66,16 +66,18 @@ def _offset_predictions(pair, kind: str, seq: list[int], start: int, block: int)
 def evaluate(pair, kind: str, prompts: Sequence[Sequence[int]], max_new_tokens: int = 64, k: int = 8,
              block: int = 8, progress=None, refs: Sequence[Sequence[int]] | None = None) -> dict:
     """`refs`: the target's greedy continuations of `prompts` when the caller has them already (another
-    drafter's eval over the same target); computed here otherwise."""
+    drafter's eval over the same target); computed here otherwise. Either way they come back as
+    `references`, for the next drafter's eval."""
     per = {j: [] for j in range(1, block)}
     chain = {j: [] for j in range(1, block)}
     taus: dict[str, list] = {"parallel": [], "cure": []}
     lossless = True
-    rows = []
+    rows, references = [], []
     for i, p in enumerate(prompts):
         p = [int(t) for t in p]
         ref = ([int(t) for t in refs[i]] if refs is not None else
                generate_ids(pair, DecodeConfig(strategy="ar", max_new_tokens=max_new_tokens, k=k), p))
+        references.append(ref)
         seq = p + ref
         ok = _offset_predictions(pair, kind, seq, len(p) - 1, block)
         for j in ok:
@@ -86,7 +88,7 @@ def evaluate(pair, kind: str, prompts: Sequence[Sequence[int]], max_new_tokens: 
                 if a < len(ok[j]):
                     run = run and ok[j][a]
                     chain[j].append(run)
-        row = {"prompt_tokens": len(p), "new_tokens": len(ref), "reference": ref}
+        row = {"prompt_tokens": len(p), "new_tokens": len(ref)}
         for strat in taus:
             blocks = list(Engine(pair, DecodeConfig(strategy=strat, k=k, max_new_tokens=max_new_tokens)).generate(p))
             out = [t for b in blocks for t in b.emitted]
@@ -104,5 +106,5 @@ def evaluate(pair, kind: str, prompts: Sequence[Sequence[int]], max_new_tokens: 
         "per_position_chain": {str(j): rate(chain[j]) for j in range(1, min(block, OFFSETS + 1))},
         "positions": len(per[1]),
         "tau": {s: (sum(n for n, _ in v) / max(sum(b for _, b in v), 1)) for s, v in taus.items()},
-        "lossless": lossless, "per_prompt": rows,
+        "lossless": lossless, "per_prompt": rows, "references": references,
     }
