@@ -1,8 +1,9 @@
 """Host overhead per block and strategy: the wall time of a block minus the time spent inside model
 forwards (target and drafter, re-drafts included), on tiny models where forwards are cheap.
 
-Every strategy runs at the same node budgets; cure runs both trees (best-first, paper). The goal
-(#13): cure's overhead at most ddtree's + 0.3 ms.
+Every strategy runs at the same node budgets; cure runs both trees (best-first, paper). The configs
+run interleaved, one generation each in turn, so other jobs' load falls on all of them. The goal (#13):
+cure's overhead at most ddtree's + 0.3 ms.
 `--drafter ar --auto`: an autoregressive chain drafter under the budget tuner (the budgets are the
 ceilings): sd, ddtree and best-first cure with its draft stop, the tuner's own work counted as overhead.
 (On these tiny models the tuner settles on budget 0, drafting never pays: benchmarks/results/README.md.)
@@ -44,25 +45,33 @@ class ForwardClock:
         self.total += time.perf_counter() - self._start
 
 
-def measure(pair, clock, cfg, prompt, blocks_wanted):
-    per_block = []
-    done = 0
+def one_generation(engine, clock, cfg, prompt) -> list[dict]:
+    """Every block of one generation but the first (it carries the prefill): wall and host time."""
+    out = []
+    gen = engine.generate(prompt, cfg)
+    while True:
+        before_model = clock.total
+        t0 = time.perf_counter()
+        try:
+            block = next(gen)
+        except StopIteration:
+            return out
+        wall = time.perf_counter() - t0
+        model = clock.total - before_model
+        if block.index > 0:
+            out.append({"overhead_ms": (wall - model) * 1e3, "wall_ms": wall * 1e3, "V": block.tree_size})
+
+
+def measure(pair, clock, cfgs, prompt, blocks_wanted) -> list[list[dict]]:
+    """Per config, whole generations until `blocks_wanted` blocks, interleaved generation by generation
+    (one round runs every config once), so that load from other jobs falls on every strategy alike."""
     engine = Engine(pair)
-    while done < blocks_wanted:
-        gen = engine.generate(prompt, cfg)
-        while True:
-            before_model = clock.total
-            t0 = time.perf_counter()
-            try:
-                block = next(gen)
-            except StopIteration:
-                break
-            wall = time.perf_counter() - t0
-            model = clock.total - before_model
-            if block.index > 0:                      # block 0 includes prefill
-                per_block.append({"overhead_ms": (wall - model) * 1e3, "wall_ms": wall * 1e3, "V": block.tree_size})
-                done += 1
-    return per_block
+    per_cfg: list[list[dict]] = [[] for _ in cfgs]
+    while any(len(b) < blocks_wanted for b in per_cfg):
+        for cfg, blocks in zip(cfgs, per_cfg):
+            if len(blocks) < blocks_wanted:
+                blocks += one_generation(engine, clock, cfg, prompt)
+    return per_cfg
 
 
 def main(argv=None) -> list[dict]:
@@ -87,12 +96,11 @@ def main(argv=None) -> list[dict]:
     for v in (int(b) for b in args.budgets.split(",")):
         runs += [("ddtree", v, {}), ("cure", v, {"cure_tree": "best-first"})]
         runs += [("cure", v, {"cure_tree": "paper"})] if args.drafter == "pard" else []
+    cfgs = [DecodeConfig(strategy=strategy, v_max=v_max, max_new_tokens=64, kv_cache=args.kv_cache,
+                         auto_budget=args.auto, **extra) for strategy, v_max, extra in runs]
+    measure(pair, clock, cfgs, prompt, 10)           # warm-up
     rows = []
-    for strategy, v_max, extra in runs:
-        cfg = DecodeConfig(strategy=strategy, v_max=v_max, max_new_tokens=64, kv_cache=args.kv_cache,
-                           auto_budget=args.auto, **extra)
-        measure(pair, clock, cfg, prompt, 10)        # warm-up
-        res = measure(pair, clock, cfg, prompt, args.blocks)
+    for (strategy, v_max, extra), res in zip(runs, measure(pair, clock, cfgs, prompt, args.blocks)):
         oh = [r["overhead_ms"] for r in res]
         rows.append({"strategy": strategy, "v_max": v_max, **extra, "blocks": len(res),
                      "mean_V": statistics.mean(r["V"] for r in res), "max_V": max(r["V"] for r in res),

@@ -131,6 +131,20 @@ class Table:
     def of(p: Proposal, first: int = 1) -> "Table":
         return Table(p.top_ids.tolist(), p.top_logprobs.tolist(), first)
 
+    @staticmethod
+    def many(sources: list[tuple[Proposal, int]]) -> list["Table"]:
+        """Table.of for each (proposal, first depth), read to the host in one pass (equal widths)."""
+        if len(sources) == 1:
+            return [Table.of(*sources[0])]
+        ids = torch.cat([p.top_ids for p, _ in sources]).tolist()
+        logp = torch.cat([p.top_logprobs for p, _ in sources]).tolist()
+        out, at = [], 0
+        for p, first in sources:
+            n = len(p.tokens)
+            out.append(Table(ids[at:at + n], logp[at:at + n], first))
+            at += n
+        return out
+
     def last(self) -> int:
         return self.first + len(self.ids) - 1
 
@@ -221,15 +235,20 @@ def best_first(base: Table, budget: int, under: dict[tuple[int, ...], Table] | N
     return out
 
 
-def graft_nodes(tree: DraftTree, graft: Graft | None) -> tuple[int, ...]:
-    """The nodes holding the graft's tokens, from depth 1, as far as the tree holds its path."""
+def path_nodes(tree: DraftTree, tokens) -> tuple[int, ...]:
+    """The nodes holding `tokens` from depth 1, as far as the tree holds their path."""
     nodes, node = [], -1
-    for token in (graft.tokens if graft is not None else ()):
+    for token in tokens:
         node = tree._child.get((node, token))
         if node is None:
             break
         nodes.append(node)
     return tuple(nodes)
+
+
+def graft_nodes(tree: DraftTree, graft: Graft | None) -> tuple[int, ...]:
+    """The nodes holding the graft's tokens, from depth 1, as far as the tree holds its path."""
+    return path_nodes(tree, graft.tokens if graft is not None else ())
 
 
 def mix(base: Table, redrafted: Table, weight: float) -> Table:
@@ -293,14 +312,22 @@ def build_cure_best_first(cfg: DecodeConfig, proposal: Proposal, drafter: Drafte
     budget. With no substitution worth it, this is ddtree's tree at no extra cost. Over a causal chain
     drafter the substitutions are its chain_substitutions, already re-drafted inside its proposal
     (redrafts_while_drafting), so no pass follows."""
-    base = Table.of(proposal)
     n = len(proposal.tokens)
     policy = redraft_policy(cfg, drafter)
+    if proposal.redrafts and policy.weight >= 1.0:
+        # A causal chain drafter chose its substitutions as it drafted (chain_substitutions, best first)
+        # and re-drafted them in the chain's steps: every table to the host at once, one best-first pass.
+        live = [(p, r) for p, r in proposal.redrafts.items() if len(r.tokens)]
+        base, *tables = Table.many([(proposal, 1)] + [(r, len(p) + 1) for p, r in live])
+        final = best_first(base, cfg.v_max, dict(zip((p for p, _ in live), tables)), graft)
+        return _cure_plan(final, list(proposal.redrafts), proposal, graft, 0.0)
+    base = Table.of(proposal)
     # a proposal carrying re-drafts was drafted with them (a stopped chain may hold them under any budget)
     fused = policy.count if proposal.redrafts else redrafts_while_drafting(cfg, drafter, n)
-    if fused:
-        # A causal chain drafter chose its substitutions as it drafted (chain_substitutions) and re-drafted
-        # them in the chain's steps; a replay (no re-drafts in the proposal) asks for the same prefixes.
+    if fused and proposal.redrafts:
+        prefixes = [list(p) for p in proposal.redrafts]
+    elif fused:
+        # a replay (no re-drafts in the proposal) asks for the same prefixes
         prefixes = [list(p) for p in chain_substitutions(proposal.top_ids, proposal.top_logprobs, fused, n)]
     else:
         first = best_first(base, cfg.v_max, graft=graft)
@@ -321,11 +348,16 @@ def build_cure_best_first(cfg: DecodeConfig, proposal: Proposal, drafter: Drafte
                        [(len(p) + 1, r.top_ids, r.top_logprobs) for p, r in live], policy.weight)
         under = {p: t for (p, _), t in zip(live, tables)}
     final = best_first(base, cfg.v_max, under, graft)
-    margins = proposal.margins
+    return _cure_plan(final, prefixes, proposal, graft, redraft_ms)
+
+
+def _cure_plan(final: BestFirst, prefixes, proposal: Proposal, graft: Graft | None, redraft_ms: float) -> TreePlan:
+    """The plan of a best-first cure tree: its re-drafted substitutions that made it in, as UFPs."""
     by_pos: dict[int, list[int]] = {}
     for p in prefixes:
-        if tuple(p) in final.paths:
+        if len(path_nodes(final.tree, p)) == len(p):
             by_pos.setdefault(len(p) - 1, []).append(p[-1])
+    margins = proposal.margins if by_pos else []
     ufps = tuple(UFP(position=pos, margin=margins[pos], budget=len(alts), alternatives=tuple(alts))
                  for pos, alts in sorted(by_pos.items()))
     return TreePlan(final.tree, ufps, redraft_ms=redraft_ms, lookup_nodes=graft_nodes(final.tree, graft))

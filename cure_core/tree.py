@@ -84,8 +84,14 @@ def extend_ancestors(anc: np.ndarray, parents, depths) -> np.ndarray:
     if n == 0:
         return out
     par = np.asarray(parents, dtype=np.int64)
-    dep = np.asarray(depths, dtype=np.int64)
     idx = np.arange(s_old, s_old + n)
+    if int(par.max()) < s_old:
+        # Every parent is an old node (or none): one step fills every row (a chain drafter's batched rows).
+        has = par >= 0
+        out[idx[has]] = out[par[has]]
+        out[idx, idx] = True
+        return out
+    dep = np.asarray(depths, dtype=np.int64)
     for d in range(int(dep.min()), int(dep.max()) + 1):
         sel = dep == d
         level, lp = idx[sel], par[sel]

@@ -34,6 +34,34 @@ def test_the_rule_picks_the_best_chain_alternatives_by_joint_log_prob():
     assert (2,) not in chain_substitutions(ids, logp, 3, depth=4)
 
 
+def written_out_rule(ids, logp, count, depth):
+    """The rule in full: every chain alternative of rows 0 .. depth-2 scored, sorted, the best `count`."""
+    ids, logp = ids.tolist(), logp.tolist()
+    cands, above = [], 0.0
+    for r in range(min(len(ids), depth - 1)):
+        for j in range(1, min(count + 1, len(ids[r]))):
+            if logp[r][j] > -math.inf:
+                cands.append((-(above + logp[r][j]), r, j, tuple(ids[i][0] for i in range(r)) + (ids[r][j],)))
+        above += logp[r][0]
+    return [c[-1] for c in sorted(cands)[:count]]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 9), st.integers(2, 6), st.integers(0, 5), st.integers(0, 10**6), st.booleans())
+def test_the_row_by_row_rule_equals_the_written_out_one(n, width, count, seed, ties):
+    """ChainSubstitutions reads each row's best count + 1 and stops at the first candidate that cannot
+    enter: the same set, in the same order, as scoring every candidate (ties and -inf included)."""
+    g = torch.Generator().manual_seed(seed)
+    raw = torch.randn(n, 12, generator=g) * 2
+    if ties:
+        raw = raw.round()                                   # equal log-probs: ties broken by row, then rank
+    logp, ids = torch.log_softmax(raw, -1).topk(width, dim=-1)
+    logp[torch.rand(n, width, generator=g) < 0.1] = float("-inf")
+    logp = logp.sort(dim=-1, descending=True).values        # a masked candidate sorts last, as from topk
+    for depth in (n, n + 1, max(1, n - 2)):
+        assert chain_substitutions(ids, logp, count, depth) == written_out_rule(ids, logp, count, depth)
+
+
 def test_the_rule_on_a_prefix_of_the_rows_never_brings_a_candidate_back():
     """What makes the drafter's online choice exact: a candidate kept after the last row was kept after
     every row since its own."""

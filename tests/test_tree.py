@@ -43,6 +43,18 @@ def test_trie_merge_and_mask_match_brute_force(paths):
     half = len(tree) // 2
     first = extend_ancestors(np.zeros((0, 0), dtype=bool), tree.parents[:half], tree.depths[:half])
     assert (extend_ancestors(first, tree.parents[half:], tree.depths[half:]) == brute_ancestors(tree)).all()
+    # one depth level a time (every new node's parent is an old one: the one-step path a chain drafter's
+    # batched rows take), with the nodes renumbered depth-first-come
+    order = sorted(range(len(tree)), key=lambda i: (tree.depths[i], i))
+    new_index = {old: new for new, old in enumerate(order)}
+    parents = [new_index[tree.parents[i]] if tree.parents[i] >= 0 else -1 for i in order]
+    depths = [tree.depths[i] for i in order]
+    anc = np.zeros((0, 0), dtype=bool)
+    for d in range(1, max(depths) + 1):
+        level = [j for j in range(len(order)) if depths[j] == d]
+        anc = extend_ancestors(anc, [parents[j] for j in level], [d] * len(level))
+    relabelled = brute_ancestors(tree)[np.ix_(order, order)]
+    assert (anc == relabelled).all()
     # parents before children; siblings hold distinct tokens
     assert all(p < i for i, p in enumerate(tree.parents))
     sib = {(p, t) for p, t in zip(tree.parents, tree.tokens)}

@@ -67,23 +67,50 @@ def chain_substitutions(top_ids: torch.Tensor, top_logprobs: torch.Tensor, count
     (rank >= 1 at a row, the chain's tokens before it), best joint draft log-prob first (the chain's
     log-probs above it plus its own; ties: shallower, then better rank), from rows 0 .. depth-2 (a
     substitute at the last row has nothing below it to re-draft), impossible ones (-inf) never.
-    top_ids/top_logprobs: [r, W] the rows drafted so far (r <= depth).
+    top_ids/top_logprobs: [r, W] the rows drafted so far (r <= depth). The rule is ChainSubstitutions',
+    applied to every row at once (the engine, replays); the drafter applies it row by row."""
+    subs = ChainSubstitutions(count, depth)
+    if count > 0:
+        for ids, logp in zip(top_ids[:, : count + 1].tolist(), top_logprobs[:, : count + 1].tolist()):
+            subs.add(ids, logp)
+    return subs.best()
 
-    Rule: the drafter calls this after every row with the rows so far, the engine once with all of them.
-    A candidate enters the set only when its row is drafted (exactly when its token must be fed) and a
-    later row can only push it out, never back in, so the rows a drafter keeps drafting are exactly the
-    final set's, each complete from its substitute down to `depth`."""
-    if count <= 0:
-        return []
-    ids, logp = top_ids.tolist(), top_logprobs.tolist()
-    cands, above = [], 0.0
-    for r in range(min(len(ids), depth - 1)):
-        for j in range(1, min(count + 1, len(ids[r]))):
-            if logp[r][j] > -math.inf:
-                cands.append((-(above + logp[r][j]), r, j))
-        above += logp[r][0]
-    cands.sort()
-    return [tuple(ids[i][0] for i in range(r)) + (ids[r][j],) for _, r, j in cands[:count]]
+
+class ChainSubstitutions:
+    """chain_substitutions row by row, reading only the row's best count + 1 candidates.
+
+    Rule: a candidate enters the set only when its row is drafted (exactly when its token must be fed)
+    and a later row can only push it out, never back in (the set is the best `count` of every candidate
+    so far, and the best of a union is the best of (the old best + the new)), so the rows a drafter
+    keeps drafting are exactly the final set's, each complete from its substitute down to `depth`."""
+
+    def __init__(self, count: int, depth: int):
+        self.count, self.depth = count, depth
+        self.rows = 0                 # rows added
+        self.joint = 0.0              # the chain's joint log-prob over the rows added
+        self.chain: list[int] = []    # the chain's tokens over the rows added
+        self._best: list = []         # [((-score, row, rank), prefix)], best first, at most `count`
+
+    def add(self, ids: list[int], logp: list[float]) -> None:
+        """One drafted row: its candidates best first (target ids) and their log-probs (>= count + 1
+        of each, or all the row has)."""
+        r, best = self.rows, self._best
+        if self.count > 0 and r < self.depth - 1:
+            for j in range(1, min(self.count + 1, len(ids))):
+                key = (-(self.joint + logp[j]), r, j)
+                # a full set keeps a candidate only if it beats the worst kept (candidates come best first)
+                if logp[j] == -math.inf or (len(best) == self.count and key >= best[-1][0]):
+                    break
+                best.append((key, tuple(self.chain) + (ids[j],)))
+                best.sort(key=lambda e: e[0])
+                del best[self.count:]
+        self.joint += logp[0]
+        self.chain.append(ids[0])
+        self.rows += 1
+
+    def best(self) -> list[tuple[int, ...]]:
+        """The set so far, best first: each prefix (chain tokens, then the substitute)."""
+        return [p for _, p in self._best]
 
 
 class Drafter(Protocol):

@@ -17,7 +17,7 @@ import torch
 
 from ..lm import CachedLM, Forward
 from ..tree import DraftTree
-from .base import DEFAULT_REDRAFTS, Proposal, RedraftPolicy, chain_substitutions, proposals, top_k_logprobs
+from .base import DEFAULT_REDRAFTS, ChainSubstitutions, Proposal, RedraftPolicy, proposals, top_k_logprobs
 from .vocab import DraftVocab
 
 
@@ -125,36 +125,49 @@ class ArDrafter(_CausalDrafter):
         `stop_logp`: draft no further once the chain's joint draft log-prob falls below it (fewer than n
         positions; the re-drafts end at the same depth)."""
         first = self._feed_root(root, [])[-1]                   # [C] after the root
-        ids, logp = top_k_logprobs(first[None], top_k)          # [1, k] each, row by row as drafted
-        rows_ids, rows_lp = [self._ids(ids)], [logp]
-        tokens = [int(rows_ids[0][0, 0])]
+        cols, lp = top_k_logprobs(first[None], top_k)           # [1, k]
+        cols = self._ids(cols)
+        steps_ids, steps_lp = [cols], [lp]                      # per step [1 + live, k]; row 0: the chain's
+        head = (cols[0, : count + 1].tolist(), lp[0, : count + 1].tolist())   # the newest chain row, on the host
+        tokens = [head[0][0]]
+        subs = ChainSubstitutions(count, n)
+        chain_rows, at = [0], 1                                 # the chain's rows in the steps' rows; rows so far
         nodes: list[int] = []                                   # the chain's scratch node at depth 1..
-        live: dict[tuple[int, ...], list] = {}                  # substitution -> [its last node, its [k] rows]
-        joint = float(logp[0, 0])                               # the chain's log-prob so far
+        live: dict[tuple[int, ...], list] = {}                  # substitution -> [its last node, its tokens, its rows]
         for d in range(1, n):                                   # feed depth d, draft row d (depth d + 1)
-            if stop_logp is not None and joint < stop_logp:
+            subs.add(*head)                                     # row d - 1
+            if stop_logp is not None and subs.joint < stop_logp:
                 break
-            keep = chain_substitutions(torch.cat(rows_ids), torch.cat(rows_lp), count, n) if count else []
-            live = {p: live.get(p) or [nodes[-1] if len(p) > 1 else -1, []] for p in keep}
-            # len(p) == d: its substitute enters now; older ones feed their last row's top-1
-            toks = [tokens[-1]] + [p[-1] if len(p) == d else int(rows[-1][0][0]) for p, (_, rows) in live.items()]
-            parents = [nodes[-1] if nodes else -1] + [last for last, _ in live.values()]
+            # a substitution new in the set has len(p) == d: its substitute enters now, under the chain's
+            # node at depth d - 1; older ones feed their last row's top-1
+            live = {p: live.get(p) or [nodes[-1] if len(p) > 1 else -1, [], []] for p in subs.best()}
+            toks = [tokens[-1]] + [ts[-1] if ts else p[-1] for p, (_, ts, _) in live.items()]
+            parents = [nodes[-1] if nodes else -1] + [last for last, _, _ in live.values()]
             fwd = self.lm.forward(toks, parents)
             nodes.append(fwd.nodes[0])
             cols, lp = top_k_logprobs(self._scores(fwd, slice(None)), top_k)   # [1 + len(live), k]
             cols = self._ids(cols)
-            rows_ids.append(cols[:1])
-            rows_lp.append(lp[:1])
-            tokens.append(int(cols[0, 0]))
-            joint += float(lp[0, 0])
+            steps_ids.append(cols)
+            steps_lp.append(lp)
+            best = cols[:, : count + 1].tolist()                # [1 + len(live), count + 1] on the host
+            head = (best[0], lp[0, : count + 1].tolist())
+            tokens.append(best[0][0])
+            chain_rows.append(at)
             for i, entry in enumerate(live.values(), start=1):
                 entry[0] = fwd.nodes[i]
-                entry[1].append((cols[i], lp[i]))
+                entry[1].append(best[i][0])
+                entry[2].append(at + i)
+            at += len(toks)
         self.lm.rollback()
-        # The last step's set is the final one (rows 0 .. n-2 were all drafted), each re-draft complete.
-        redrafts = {p: Proposal(tokens=[int(c[0]) for c, _ in rows], top_ids=torch.stack([c for c, _ in rows]),
-                                top_logprobs=torch.stack([l for _, l in rows])) for p, (_, rows) in live.items()}
-        return Proposal(tokens=tokens, top_ids=torch.cat(rows_ids), top_logprobs=torch.cat(rows_lp), redrafts=redrafts)
+        # Every row in chain-then-re-draft order, gathered once: [rows, k] each, split per proposal. The last
+        # step's set is the final one, best first (rows 0 .. n-2 were all drafted), each re-draft complete.
+        order = torch.tensor(chain_rows + [i for _, _, rows in live.values() for i in rows])
+        sizes = [len(chain_rows)] + [len(rows) for _, _, rows in live.values()]
+        ids = torch.cat(steps_ids).index_select(0, order).split(sizes)
+        lps = torch.cat(steps_lp).index_select(0, order).split(sizes)
+        redrafts = {p: Proposal(tokens=ts, top_ids=i, top_logprobs=l)
+                    for (p, (_, ts, _)), i, l in zip(live.items(), ids[1:], lps[1:])}
+        return Proposal(tokens=tokens, top_ids=ids[0], top_logprobs=lps[0], redrafts=redrafts)
 
     def redraft_topk(self, prefixes: Sequence[Sequence[int]], lengths: Sequence[int], top_k: int) -> list[Proposal]:
         # Every prefix in one pass (a trie), then one batched step per suffix token, greedy on each branch.
