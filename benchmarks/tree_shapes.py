@@ -108,17 +108,24 @@ def stop_rows(p: Proposal, rows: int, stop: float) -> int:
     return rows
 
 
+def shape_rows(shape: Shape, p: Proposal, v: int, drafter) -> int:
+    """Positions the drafter drafts for `shape` at budget v: budgets <= K-1 draft v positions; a stopping
+    shape over a sequential drafter stops sooner (stop_rows). Over a sequential drafter each is one step."""
+    rows = min(len(p.tokens), v)
+    if shape.stop is not None and shape.name not in ("chain", "chain-short") \
+            and getattr(drafter, "redrafts_while_drafting", False):
+        rows = stop_rows(p, rows, shape.stop)             # the engine stops only sequential drafters
+    return rows
+
+
 def shape_tree(shape: Shape, base: DecodeConfig, p: Proposal, v: int, drafter) -> DraftTree:
     """The tree `shape` builds at budget v from the full-depth proposal p, as the engine would: budgets
     <= K-1 draft (and keep) v positions, best-first trees take max(top_k, v) candidates each."""
-    depth = len(p.tokens)
-    rows = min(depth, v)
+    rows = shape_rows(shape, p, v, drafter)
     if shape.name in ("chain", "chain-short"):
         tree = DraftTree()
         tree.add_path(p.tokens[:rows], branch=0)
         return tree
-    if shape.stop is not None and getattr(drafter, "redrafts_while_drafting", False):
-        rows = stop_rows(p, rows, shape.stop)             # the engine stops only sequential drafters
     cfg = base.with_(k=rows + 1, v_max=v)                  # the tree is at most `rows` deep either way
     if shape.name in ("ddtree", "ddtree-short"):
         return build_ddtree(cfg.with_(strategy="ddtree"), cut(p, rows, proposal_width(cfg.with_(strategy="ddtree"), v)))
@@ -238,18 +245,21 @@ def proposal_for(shape: Shape, r: Recorded, v: int) -> Proposal:
 
 
 def replay(records: list[Recorded], shapes, budgets, base: DecodeConfig) -> dict:
-    accepted, censored, sizes = {}, {}, {}
+    accepted, censored, sizes, drafted = {}, {}, {}, {}
     for shape in shapes:
         for v in budgets:
-            got = [accept(t := shape_tree(shape, base, proposal_for(shape, r, v), v, r.memo()), r.truth,
-                          r.complete) + (len(t),) for r in records]
-            accepted[(shape.name, v)] = statistics.mean(a for a, _, _ in got)
-            censored[(shape.name, v)] = sum(c for _, c, _ in got)
-            sizes[(shape.name, v)] = statistics.mean(s for _, _, s in got)
+            got = [accept(t := shape_tree(shape, base, p := proposal_for(shape, r, v), v, r.memo()), r.truth,
+                          r.complete) + (len(t), shape_rows(shape, p, v, r.memo())) for r in records]
+            accepted[(shape.name, v)] = statistics.mean(a for a, _, _, _ in got)
+            censored[(shape.name, v)] = sum(c for _, c, _, _ in got)
+            sizes[(shape.name, v)] = statistics.mean(s for _, _, s, _ in got)
+            drafted[(shape.name, v)] = statistics.mean(d for _, _, _, d in got)
     names = [s.name for s in shapes]
     return {"blocks": len(records), "budgets": list(budgets),
             "accepted": {n: [accepted[(n, v)] for v in budgets] for n in names},
             "tree_size": {n: [sizes[(n, v)] for v in budgets] for n in names},
+            # positions drafted a block: sequential steps over an AR chain (what a draft stop saves)
+            "drafted": {n: [drafted[(n, v)] for v in budgets] for n in names},
             "censored": {n: [censored[(n, v)] for v in budgets] for n in names}}
 
 
@@ -361,6 +371,10 @@ def main(argv=None) -> dict:
         print(f"{title}: {part['blocks']} blocks")
         for j, v in enumerate(budgets):
             print(f"{v:<7}" + "".join(f"{part['accepted'][name][j]:20.3f}" for name in part["accepted"]))
+    if args.stops:
+        print("positions drafted a block (a sequential drafter's steps), all sets")
+        for j, v in enumerate(budgets):
+            print(f"{v:<7}" + "".join(f"{rep['drafted'][name][j]:20.3f}" for name in rep["drafted"]))
     if args.json:
         Path(args.json).write_text(json.dumps(rep, indent=2))
         print(f"wrote {args.json}")

@@ -20,6 +20,8 @@ def test_replay_is_exact_and_orders_the_shapes(tmp_path):
     for name in ("chain", "ddtree"):                                           # nested shapes: a(V) grows
         assert acc[name] == sorted(acc[name])
     assert acc["cure-best-first-r4"][0] == acc["ddtree"][0]                    # one node: no substitution below
+    # positions drafted a block: the budget's (a block-parallel drafter never stops), one at budget 1
+    assert all(d[0] == 1 and d == sorted(d) for d in rep["drafted"].values())
     assert (tmp_path / "shapes.json").exists()
 
 
@@ -106,6 +108,8 @@ def test_draft_stop_replay_builds_the_engines_tree():
                 engine = build_tree(cfg, p, live).tree
                 replayed = mod.shape_tree(mod.Shape("s", 3, stop=stop), cfg.with_(lookup=0), full, v, probe)
                 assert (replayed.tokens, replayed.parents) == (engine.tokens, engine.parents), (rows, v)
+                # the replay's drafted positions (its report's `drafted`) are the engine's sequential steps
+                assert mod.shape_rows(mod.Shape("s", 3, stop=stop), full, v, probe) == len(p.tokens)
                 seen.add(max(engine.depths) if len(engine) else 0)
     assert len(seen) >= 3                               # trees of several depths were compared
 
