@@ -2,8 +2,10 @@
 forwards (target and drafter, re-drafts included), on tiny models where forwards are cheap.
 
 Every strategy runs at the same node budgets; cure runs both trees (best-first, paper). The configs
-run interleaved, one generation each in turn, so other jobs' load falls on all of them. The goal (#13):
-cure's overhead at most ddtree's + 0.3 ms.
+run interleaved, one generation each in turn, so other jobs' load falls on all of them. Where the host
+time goes: `in drafting` (the engine's draft timing minus the drafter's forwards: a chain drafter's
+per-step bookkeeping, top-k, cache masks) and `tree` (tree building), both means. The goal (#13): cure's
+overhead at most ddtree's + 0.3 ms.
 `--drafter ar --auto`: an autoregressive chain drafter under the budget tuner (the budgets are the
 ceilings): sd, ddtree and best-first cure with its draft stop, the tuner's own work counted as overhead.
 (On these tiny models the tuner settles on budget 0, drafting never pays: benchmarks/results/README.md.)
@@ -45,24 +47,29 @@ class ForwardClock:
         self.total += time.perf_counter() - self._start
 
 
-def one_generation(engine, clock, cfg, prompt) -> list[dict]:
-    """Every block of one generation but the first (it carries the prefill): wall and host time."""
+def one_generation(engine, clocks, cfg, prompt) -> list[dict]:
+    """Every block of one generation but the first (it carries the prefill): wall and host time, and the
+    host time inside drafting (the engine's draft timing minus the drafter's forwards) and tree building.
+    clocks: (target's, drafter's) ForwardClock."""
+    target_clock, draft_clock = clocks
     out = []
     gen = engine.generate(prompt, cfg)
     while True:
-        before_model = clock.total
+        before_target, before_draft = target_clock.total, draft_clock.total
         t0 = time.perf_counter()
         try:
             block = next(gen)
         except StopIteration:
             return out
         wall = time.perf_counter() - t0
-        model = clock.total - before_model
+        draft = draft_clock.total - before_draft
+        model = target_clock.total - before_target + draft
         if block.index > 0:
-            out.append({"overhead_ms": (wall - model) * 1e3, "wall_ms": wall * 1e3, "V": block.tree_size})
+            out.append({"overhead_ms": (wall - model) * 1e3, "wall_ms": wall * 1e3, "V": block.tree_size,
+                        "draft_host_ms": block.timings.draft_ms - draft * 1e3, "tree_ms": block.timings.tree_ms})
 
 
-def measure(pair, clock, cfgs, prompt, blocks_wanted) -> list[list[dict]]:
+def measure(pair, clocks, cfgs, prompt, blocks_wanted) -> list[list[dict]]:
     """Per config, whole generations until `blocks_wanted` blocks, interleaved generation by generation
     (one round runs every config once), so that load from other jobs falls on every strategy alike."""
     engine = Engine(pair)
@@ -70,7 +77,7 @@ def measure(pair, clock, cfgs, prompt, blocks_wanted) -> list[list[dict]]:
     while any(len(b) < blocks_wanted for b in per_cfg):
         for cfg, blocks in zip(cfgs, per_cfg):
             if len(blocks) < blocks_wanted:
-                blocks += one_generation(engine, clock, cfg, prompt)
+                blocks += one_generation(engine, clocks, cfg, prompt)
     return per_cfg
 
 
@@ -89,7 +96,7 @@ def main(argv=None) -> list[dict]:
     torch.set_num_threads(args.threads)
     target = tiny_target(seed=0)
     draft = perturbed_copy(target, noise=0.3, seed=1)
-    clock = ForwardClock(target, draft)
+    clocks = (ForwardClock(target), ForwardClock(draft))
     pair, _ = build_pair(target, draft, drafter=args.drafter, mask_token_id=MASK_ID, vocab_size=BYTE_VOCAB)
     prompt = list(b"def quicksort(xs):\n    ")
     runs = [("parallel" if args.drafter == "pard" else "sd", 15, {})]
@@ -98,23 +105,27 @@ def main(argv=None) -> list[dict]:
         runs += [("cure", v, {"cure_tree": "paper"})] if args.drafter == "pard" else []
     cfgs = [DecodeConfig(strategy=strategy, v_max=v_max, max_new_tokens=64, kv_cache=args.kv_cache,
                          auto_budget=args.auto, **extra) for strategy, v_max, extra in runs]
-    measure(pair, clock, cfgs, prompt, 10)           # warm-up
+    measure(pair, clocks, cfgs, prompt, 10)          # warm-up
     rows = []
-    for (strategy, v_max, extra), res in zip(runs, measure(pair, clock, cfgs, prompt, args.blocks)):
+    for (strategy, v_max, extra), res in zip(runs, measure(pair, clocks, cfgs, prompt, args.blocks)):
         oh = [r["overhead_ms"] for r in res]
         rows.append({"strategy": strategy, "v_max": v_max, **extra, "blocks": len(res),
                      "mean_V": statistics.mean(r["V"] for r in res), "max_V": max(r["V"] for r in res),
                      "overhead_ms_median": statistics.median(oh), "overhead_ms_mean": statistics.mean(oh),
                      "overhead_ms_p90": sorted(oh)[int(0.9 * len(oh))],
+                     # where it goes (means): host work inside drafting, and tree building
+                     "draft_host_ms_mean": statistics.mean(r["draft_host_ms"] for r in res),
+                     "tree_ms_mean": statistics.mean(r["tree_ms"] for r in res),
                      "block_ms_median": statistics.median(r["wall_ms"] for r in res)})
     print(f"drafter: {args.drafter}; budgets: {'auto, ceilings' if args.auto else 'fixed'}; kv cache: {args.kv_cache}; "
           f"threads: {args.threads}; load average: {os.getloadavg()[0]:.2f}")
     print(f"{'strategy':22} {'v_max':>5} {'mean V':>7} {'max V':>6} {'overhead ms (median)':>21} {'mean':>6} {'p90':>7} "
-          f"{'block ms (median)':>18}")
+          f"{'block ms (median)':>18} {'in drafting':>12} {'tree':>6}")
     for r in rows:
         name = r["strategy"] + (f" {r['cure_tree']}" if "cure_tree" in r else "")
         print(f"{name:22} {r['v_max']:>5} {r['mean_V']:>7.1f} {r['max_V']:>6} {r['overhead_ms_median']:>21.2f} "
-              f"{r['overhead_ms_mean']:>6.2f} {r['overhead_ms_p90']:>7.2f} {r['block_ms_median']:>18.2f}")
+              f"{r['overhead_ms_mean']:>6.2f} {r['overhead_ms_p90']:>7.2f} {r['block_ms_median']:>18.2f} "
+              f"{r['draft_host_ms_mean']:>12.2f} {r['tree_ms_mean']:>6.2f}")
     if args.json:
         Path(args.json).write_text(json.dumps({"threads": args.threads, "kv_cache": args.kv_cache,
                                                "drafter": args.drafter, "auto_budget": args.auto,

@@ -16,6 +16,9 @@ def test_overhead_runs_each_strategy_at_each_budget_for_both_drafter_kinds(tmp_p
         # whole generations until 3 blocks; host time = the block minus its model forwards: > 0, < the block
         assert r["blocks"] >= 3 and 0 < r["overhead_ms_median"] < r["block_ms_median"]
         assert 1 <= r["mean_V"] <= r["max_V"] <= r["v_max"]
+        # the parts it names are host time too: each >= 0 and together below the block's mean
+        assert 0 <= r["draft_host_ms_mean"] and 0 < r["tree_ms_mean"]
+        assert r["draft_host_ms_mean"] + r["tree_ms_mean"] < r["overhead_ms_mean"]
     saved = json.loads((tmp_path / "ar.json").read_text())
     assert saved["drafter"] == "ar" and saved["auto_budget"] is False and saved["rows"] == ar
     assert "drafter: ar; budgets: fixed" in capsys.readouterr().out
