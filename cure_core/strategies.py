@@ -134,8 +134,8 @@ class Table:
     @staticmethod
     def many(sources: list[tuple[Proposal, int]]) -> list["Table"]:
         """Table.of for each (proposal, first depth), read to the host in one pass (equal widths)."""
-        if len(sources) == 1:
-            return [Table.of(*sources[0])]
+        if len(sources) <= 1:
+            return [Table.of(*s) for s in sources]
         ids = torch.cat([p.top_ids for p, _ in sources]).tolist()
         logp = torch.cat([p.top_logprobs for p, _ in sources]).tolist()
         out, at = [], 0
@@ -314,17 +314,12 @@ def build_cure_best_first(cfg: DecodeConfig, proposal: Proposal, drafter: Drafte
     (redrafts_while_drafting), so no pass follows."""
     n = len(proposal.tokens)
     policy = redraft_policy(cfg, drafter)
-    if proposal.redrafts and policy.weight >= 1.0:
-        # A causal chain drafter chose its substitutions as it drafted (chain_substitutions, best first)
-        # and re-drafted them in the chain's steps: every table to the host at once, one best-first pass.
-        live = [(p, r) for p, r in proposal.redrafts.items() if len(r.tokens)]
-        base, *tables = Table.many([(proposal, 1)] + [(r, len(p) + 1) for p, r in live])
-        final = best_first(base, cfg.v_max, dict(zip((p for p, _ in live), tables)), graft)
-        return _cure_plan(final, list(proposal.redrafts), proposal, graft, 0.0)
     base = Table.of(proposal)
     # a proposal carrying re-drafts was drafted with them (a stopped chain may hold them under any budget)
     fused = policy.count if proposal.redrafts else redrafts_while_drafting(cfg, drafter, n)
     if fused and proposal.redrafts:
+        # A causal chain drafter chose its substitutions as it drafted (chain_substitutions, best first)
+        # and re-drafted them in the chain's steps.
         prefixes = [list(p) for p in proposal.redrafts]
     elif fused:
         # a replay (no re-drafts in the proposal) asks for the same prefixes
@@ -342,17 +337,13 @@ def build_cure_best_first(cfg: DecodeConfig, proposal: Proposal, drafter: Drafte
     redraft_ms = (time.perf_counter() - t0) * 1e3
     live = [(tuple(p), r) for p, r in zip(prefixes, redrafted) if len(r.tokens)]
     if policy.weight >= 1.0 or not live:
-        under = {p: Table.of(r, first=len(p) + 1) for p, r in live}
+        under = dict(zip((p for p, _ in live), Table.many([(r, len(p) + 1) for p, r in live])))
     else:
         tables = blend(proposal.top_ids, proposal.top_logprobs, 1,
                        [(len(p) + 1, r.top_ids, r.top_logprobs) for p, r in live], policy.weight)
         under = {p: t for (p, _), t in zip(live, tables)}
     final = best_first(base, cfg.v_max, under, graft)
-    return _cure_plan(final, prefixes, proposal, graft, redraft_ms)
-
-
-def _cure_plan(final: BestFirst, prefixes, proposal: Proposal, graft: Graft | None, redraft_ms: float) -> TreePlan:
-    """The plan of a best-first cure tree: its re-drafted substitutions that made it in, as UFPs."""
+    # the re-drafted substitutions that made it into the tree, as UFPs
     by_pos: dict[int, list[int]] = {}
     for p in prefixes:
         if len(path_nodes(final.tree, p)) == len(p):
