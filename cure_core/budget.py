@@ -5,9 +5,9 @@ when the extra accepted tokens outgrow the extra verification cost, and C_v's sh
 the machine (steep on a CPU, nearly flat on a GPU up to dozens of tokens). So the engine
   1. measures C_v(V), one target forward over a root plus V tree nodes, once per model / device /
      dtype (cached on disk), and
-  2. learns the drafting cost C_d(V) per budget (an AR drafter pays one step per drafted token, so
-     an unsampled budget is priced per step; repairs re-draft suffixes; a block-parallel drafter pays
-     about the same at any V), and
+  2. learns the drafting cost C_d(V) (a block-parallel drafter pays about the same at any V, so per
+     budget; an AR drafter pays a per-block part plus one step per position it drafts, and the positions
+     a budget drafts are learnt too, since a draft stop may end the chain before the budget does), and
   3. learns E[a(V)] online from the blocks it verifies: the tree's nodes are inserted in priority
      order (branch 0, then repairs; best-first for ddtree), and a budget V keeps exactly the first
      V, so a block verified with a tree of T nodes tells a(V) = accepted nodes with index < V for
@@ -163,6 +163,14 @@ def _isotonic(ys: list[float]) -> list[float]:
     return out
 
 
+@dataclass(frozen=True)
+class DraftCost:
+    """One drafting block's cost sample."""
+    budget: int          # the budget it was drafted under
+    positions: int       # positions the drafter drafted (branch 0's length)
+    ms: float            # C_d: draft + tree + commit
+
+
 class BudgetTuner:
     """Online choice of the tree budget V from the cost curve and the acceptance seen so far."""
 
@@ -188,8 +196,9 @@ class BudgetTuner:
         cheap = [v for v in self.candidates if v > 0 and curve.verify(v) <= warmup_cost * curve.verify(0)]
         self.warmup_budget = max(cheap) if cheap else min((v for v in self.candidates if v > 0), default=0)
         self.history: list[tuple[list[int], int, bool]] = []   # (accepted node indices, tree size, cut)
-        self.overhead: list[tuple[int, float]] = []          # (budget, C_d ms: draft + tree + commit) per drafting block
-        self.step_cost: list[tuple[float, int]] = []         # (draft ms, positions drafted) per drafting block
+        self.costs: list[DraftCost] = []                     # one per drafting block: budget, positions, C_d ms
+        self._line: tuple[float, float] | None = None        # cached (c0, c1) of `cost_line`, reset per sample
+        self._survival: list[float] | None = None            # cached `drafted_survival`, reset per sample
         self.verify_scale: list[float] = []                  # measured verify_ms / curve's C_v(V): load drift
         self.blocks = 0
         self.fresh = True                                    # no drafting block yet in this generation
@@ -219,39 +228,94 @@ class BudgetTuner:
         return (ea + 1.0) / (self.drafting_ms(v) + self.verify_ms(self.expected_size(v)))
 
     def drafting_ms(self, v: int) -> float:
-        """C_d(v), learned per budget. Rule: budget 0 drafts nothing (C_d = 0: a plain ar step). Otherwise
-        the cost depends on the budget: an AR drafter takes one step per drafted token, and repair
-        branches re-draft their suffixes. So: the mean over recent blocks drafted at v; between two
-        budgets with samples, linear in v; outside them, the nearest one's, scaled by the sequential
-        drafter steps each costs (`steps`). Without that scaling, a tuner settled on 15-step AR chains
-        prices a 4-step chain like a 15-step one and never comes back down (explorations only go up)."""
-        if v == 0 or not self.overhead:
+        """C_d(v), learned from the drafting blocks. Rule: budget 0 drafts nothing (C_d = 0: a plain ar step).
+        A block-parallel drafter (`steps` None) pays one pass at any budget, plus tree work that grows with
+        v: the mean over recent blocks drafted at v; between two budgets with samples, linear in v; outside
+        them, the nearest one's. A sequential drafter pays per position it drafts: C_d(v) = c0 + c1 x
+        E[positions drafted under v] (`cost_line`, `expected_drafted`). Both parts matter: priced in
+        proportion to the steps alone, a tuner settled on 4-step chains priced an 8-step chain at twice
+        its cost (the per-block part, c0, is about two steps of a 0.5B draft on this CPU) and a stopped
+        chain at the steps it never drafted, and stayed on budgets the blocks it did explore beat
+        (benchmarks/results/README.md, tuner cost model)."""
+        if v == 0 or not self.costs:
             return 0.0
+        if self.steps is not None:
+            c0, c1 = self.cost_line()
+            return c0 + c1 * self.expected_drafted(v)
         by: dict[int, list[float]] = {}
-        for b, ms in self.overhead[-self.window:]:
-            by.setdefault(b, []).append(ms)
+        for c in self.costs[-self.window:]:
+            by.setdefault(c.budget, []).append(c.ms)
         mean = {b: sum(ms) / len(ms) for b, ms in by.items()}
         lo = max((b for b in mean if b <= v), default=None)
         hi = min((b for b in mean if b >= v), default=None)
         if lo is None or hi is None or lo == hi:
-            near = lo if hi is None else hi
-            return mean[near] * (self.steps(v) / self.steps(near) if self.steps is not None else 1.0)
+            return mean[lo if hi is None else hi]
         return mean[lo] + (mean[hi] - mean[lo]) * (v - lo) / (hi - lo)
+
+    def cost_line(self) -> tuple[float, float]:
+        """(c0, c1): a sequential drafter's C_d = c0 + c1 x positions drafted, by least squares over the
+        recent drafting blocks. c1 is what one more position costs (a drafter step, its re-draft rows, its
+        share of the tree work); c0 what a block costs whatever it drafts (the drafter's catch-up on the
+        accepted tokens, the tree's fixed part, the commit). Rule: where the positions barely vary (a
+        tuner settled on one budget without a stop: variance under 1/4) or the fit comes out negative,
+        the line goes through 0 (c1 = mean ms / mean positions), which prices unsampled budgets high,
+        never low; explorations then bring the samples that identify c0."""
+        if self._line is None:
+            recent = self.costs[-self.window:]
+            n = len(recent)
+            mx = sum(c.positions for c in recent) / n
+            my = sum(c.ms for c in recent) / n
+            sxx = sum((c.positions - mx) ** 2 for c in recent)
+            line = (0.0, my / mx if mx > 0 else 0.0)
+            if n >= 4 and sxx >= 0.25 * n:
+                c1 = sum((c.positions - mx) * (c.ms - my) for c in recent) / sxx
+                c0 = my - c1 * mx
+                if c1 > 0 and c0 >= 0:
+                    line = (c0, c1)
+            self._line = line
+        return self._line
+
+    def expected_drafted(self, v: int) -> float:
+        """E[positions a sequential drafter drafts under budget v]: at most steps(v); fewer where the draft
+        stop ends the chain first. Rule: the stop depths are learnt as a survival curve (Kaplan-Meier) over
+        the recent drafting blocks: a block drafted under budget b that drafted p < steps(b) positions
+        stopped at p; one that drafted all steps(b) only says its stop lies deeper (censored). Then
+        E = sum over positions d <= steps(v) of P(the chain reaches d). Without a stop (sd, ddtree) no
+        block stops early and E = steps(v)."""
+        n = self.steps(v)
+        survival = self.drafted_survival()
+        return sum(survival[d] if d < len(survival) else survival[-1] for d in range(n))
+
+    def drafted_survival(self) -> list[float]:
+        """[P(a chain drafts more than d positions) for d = 0, 1, ...]; entry 0 is 1 (every drafting block
+        drafts a first position), and the last entry holds for every deeper d (no block reached further)."""
+        if self._survival is None:
+            recent = [(c.positions, self.steps(c.budget)) for c in self.costs[-self.window:]]
+            deepest = max((p for p, _ in recent), default=0)
+            survival, s = [1.0], 1.0
+            for d in range(1, deepest + 1):
+                at_risk = sum(1 for p, cap in recent if p >= d and cap > d)    # drafted d, could draft more
+                stopped = sum(1 for p, cap in recent if p == d and cap > d)    # ...and stopped there
+                if at_risk:
+                    s *= 1.0 - stopped / at_risk
+                survival.append(s)
+            self._survival = survival
+        return self._survival
 
     def draft_stop(self, v: int) -> float | None:
         """log theta: a sequential drafter (steps set) drafting for budget v stops once its chain's joint
         draft probability p falls below theta. Rule: one more position is worth drafting while what it can
         add, at most p accepted tokens, beats what its cost would earn at the predicted rate: theta =
-        rate(v) x (one drafter step + one more verified node). None before anything is measured, for a
+        rate(v) x (one more position, c1 of `cost_line`: not the block's mean per position, whose per-block
+        part stopping does not save + one more verified node). None before anything is measured, for a
         block-parallel drafter, and for budget 0."""
-        if self.steps is None or v <= 0 or not self.step_cost:
+        if self.steps is None or v <= 0 or not self.costs:
             return None
         r = self.rate(v)
         if r is None:
             return None
-        ms, positions = (sum(x) for x in zip(*self.step_cost[-self.window:]))
         node = (self.verify_ms(v) - self.verify_ms(0)) / v
-        theta = r * (ms / max(positions, 1) + node)
+        theta = r * (self.cost_line()[1] + node)
         return math.log(min(theta, 1.0)) if theta > 0 else None
 
     def verify_ms(self, v: float) -> float:
@@ -311,8 +375,8 @@ class BudgetTuner:
             # of an AR draft. Counted as a C_d sample it priced the budget that happened to open a prompt
             # (a 1.5B pair's tuner drafted 1-node chains for 180 blocks because 2 nodes "cost" 338 ms).
             if not self.fresh and not clipped:
-                self.overhead.append((budget, t.draft_ms + t.tree_ms + t.commit_ms))
-                self.step_cost.append((t.draft_ms, len(block.draft)))   # per drafted position: draft_stop
+                self.costs.append(DraftCost(budget, len(block.draft), t.draft_ms + t.tree_ms + t.commit_ms))
+                self._line = self._survival = None
             self.fresh = False
         expected = self.curve.verify(block.tree_size)
         if expected > 0 and t.verify_ms > 0:
@@ -330,7 +394,6 @@ class BudgetTuner:
         self.history.append((list(block.accepted), block.tree_size, clipped or block.tree_size >= budget))
         if len(self.history) > 4 * self.window:
             del self.history[: -self.window]
-            del self.overhead[: -self.window]
+            del self.costs[: -self.window]
             del self.verify_scale[: -self.window]
-            del self.step_cost[: -self.window]
 

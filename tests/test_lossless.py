@@ -17,12 +17,13 @@ def run(pair, cfg, prompt):
     return [t for b in blocks for t in b.emitted], blocks
 
 
-def tuner_block(accepted, size, draft_ms, index=1):
+def tuner_block(accepted, size, draft_ms, index=1, drafted=0):
     """A verified block for the budget tuner: `size` depth-1 nodes, `accepted` of them accepted; block
-    `index` of its generation (not the first: that one's drafting cost is not a sample)."""
+    `index` of its generation (not the first: that one's drafting cost is not a sample); `drafted`
+    positions in branch 0 (what a sequential drafter's cost is learnt per)."""
     from cure_core.block import Block, Resync, Timings, TreeNode
     nodes = tuple(TreeNode(token=i, parent=-1, depth=1, branch=0, accepted=i in accepted) for i in range(size))
-    return Block(index=index, strategy="cure", context_len=0, root=0, draft=(), margins=(), ufps=(),
+    return Block(index=index, strategy="cure", context_len=0, root=0, draft=tuple(range(drafted)), margins=(), ufps=(),
                  nodes=nodes, accepted=tuple(accepted), winner=0, branch0_accepted=0, bonus=0, emitted=(),
                  resync=Resync("none", ()), timings=Timings(draft_ms=draft_ms), stop=None)
 
@@ -325,7 +326,7 @@ def test_budget_tuner_prices_unsampled_short_chains_per_drafted_step():
     parallel = BudgetTuner(curve, cands)
     for t in (ar, parallel):
         for v in (16, 24, 16, 24):
-            t.observe(tuner_block([0, 1], v, draft_ms=280.0), v)
+            t.observe(tuner_block([0, 1], v, draft_ms=280.0, drafted=7), v)
         t.blocks = 1
     assert ar.drafting_ms(2) == pytest.approx(80.0) and ar.drafting_ms(7) == pytest.approx(280.0)
     assert ar.drafting_ms(20) == pytest.approx(280.0)                # between samples: interpolated
@@ -341,17 +342,17 @@ def test_budget_tuner_does_not_price_the_drafters_prompt_catch_up_or_clipped_blo
     from cure_core.budget import BudgetTuner, CostCurve
 
     t = BudgetTuner(CostCurve((0, 8), (100.0, 110.0)), [0, 1, 2, 4], steps=lambda v: v)
-    t.observe(tuner_block([0, 1], 2, draft_ms=340.0, index=0), 2)        # the prompt's catch-up
+    t.observe(tuner_block([0, 1], 2, draft_ms=340.0, index=0, drafted=2), 2)        # the prompt's catch-up
     for i in range(1, 4):
-        t.observe(tuner_block([0, 1], 2, draft_ms=90.0, index=i), 2)
+        t.observe(tuner_block([0, 1], 2, draft_ms=90.0, index=i, drafted=2), 2)
     assert t.drafting_ms(2) == pytest.approx(90.0)
     t.observe(tuner_block([], 0, draft_ms=0.0, index=0), 0)              # a new generation opens at budget 0
-    t.observe(tuner_block([0], 4, draft_ms=500.0, index=1), 4)            # its first drafting block
-    t.observe(tuner_block([0, 1, 2, 3], 4, draft_ms=180.0, index=2), 4)
+    t.observe(tuner_block([0], 4, draft_ms=500.0, index=1, drafted=4), 4)            # its first drafting block
+    t.observe(tuner_block([0, 1, 2, 3], 4, draft_ms=180.0, index=2, drafted=4), 4)
     assert t.drafting_ms(4) == pytest.approx(180.0)
-    before = (t.expected_accept(4), t.expected_size(4), list(t.overhead))
-    t.observe(tuner_block([], 1, draft_ms=45.0, index=3), 4, clipped=True)    # room for 1 node only, rejected
-    assert (t.expected_accept(4), t.expected_size(4), t.overhead) == before
+    before = (t.expected_accept(4), t.expected_size(4), list(t.costs))
+    t.observe(tuner_block([], 1, draft_ms=45.0, index=3, drafted=1), 4, clipped=True)    # room for 1 node only
+    assert (t.expected_accept(4), t.expected_size(4), t.costs) == before
     assert t.expected_accept(1) == pytest.approx(6 / 7)                    # ...which V = 1 learns
 
 
@@ -366,13 +367,57 @@ def test_budget_tuner_draft_stop_prices_one_more_position_at_the_predicted_rate(
     t = BudgetTuner(curve, [0, 1, 2, 4, 8], steps=lambda v: v)
     assert t.draft_stop(4) is None                                    # nothing measured yet
     for i in range(1, 5):                                             # 4 positions drafted at 40 ms each
-        b = tuner_block([0, 1], 4, draft_ms=160.0, index=i)
-        t.observe(dataclasses.replace(b, draft=(1, 2, 3, 4)), 4)
+        t.observe(tuner_block([0, 1], 4, draft_ms=160.0, index=i, drafted=4), 4)
     rate = t.rate(4)                                                  # 3 tokens / (160 + 120 ms)
     assert rate == pytest.approx(3 / 280)
     assert math.exp(t.draft_stop(4)) == pytest.approx(rate * (40.0 + 5.0))
     assert BudgetTuner(curve, [0, 4]).draft_stop(4) is None            # block-parallel: one pass anyway
     assert t.draft_stop(0) is None
+
+
+def test_budget_tuner_prices_a_chain_per_block_and_per_position():
+    """An AR drafter's block costs 150 ms plus 50 ms a drafted position (its catch-up on the accepted tokens
+    is paid whatever it drafts); the target verifies any tree in 200 ms and accepts 6 nodes a block. From
+    samples at budgets 8 and 15 the line is learnt exactly, so 4 positions cost 350 ms and 8 win (7 tokens /
+    750 ms against 5 / 550). Priced in proportion to the steps (the old rule) 4 positions cost half of 8's
+    550 ms and the tuner settled on 4 (5 / 475)."""
+    import math
+
+    from cure_core.budget import BudgetTuner, CostCurve
+
+    t = BudgetTuner(CostCurve((0, 16), (200.0, 200.0)), [0, 2, 4, 8, 15], steps=lambda v: min(v, 15))
+    t.observe(tuner_block(list(range(6)), 8, draft_ms=999.0, drafted=8), 8)   # the prompt's catch-up: no sample
+    for v in (8, 15, 8, 15):
+        t.observe(tuner_block(list(range(6)), v, draft_ms=150.0 + 50.0 * v, drafted=v), v)
+    assert t.cost_line() == pytest.approx((150.0, 50.0))
+    assert t.drafting_ms(4) == pytest.approx(350.0) and t.drafting_ms(15) == pytest.approx(900.0)
+    t.blocks = 1
+    assert t.choose() == 8
+    # one more position costs c1, not the block's mean per position (68.75 ms at 8): what stopping saves
+    assert math.exp(t.draft_stop(8)) == pytest.approx(t.rate(8) * 50.0)
+
+
+def test_budget_tuner_learns_how_deep_a_stopped_chain_drafts():
+    """A draft stop ends some chains before their budget does: under budget 16, chains of 2 and 6 positions
+    (stopped); under budget 4, two chains of 4 (they reached the budget: their stop lies deeper, unknown).
+    Kaplan-Meier over the stop depths: P(draft more than 1) = 1, more than 2..5 = 3/4, more than 6 = 0, so
+    budget 16 drafts 1 + 1 + 4 x 3/4 = 5 positions on average and budget 2 drafts 2. A drafter without a stop
+    (sd: every chain reaches its budget) drafts min(V, K-1)."""
+    from cure_core.budget import BudgetTuner, CostCurve
+
+    curve = CostCurve((0, 16), (200.0, 200.0))
+    t = BudgetTuner(curve, [0, 2, 4, 8, 16], steps=lambda v: min(v, 15))
+    for budget, p in ((16, 1), (4, 4), (16, 2), (4, 4), (16, 6)):       # the first: the prompt's catch-up
+        t.observe(tuner_block([0], budget, draft_ms=100.0 + 25.0 * p, drafted=p), budget)
+    assert t.drafted_survival() == pytest.approx([1, 1, 0.75, 0.75, 0.75, 0.75, 0])
+    assert t.expected_drafted(16) == pytest.approx(5.0) and t.expected_drafted(8) == pytest.approx(5.0)
+    assert t.expected_drafted(4) == pytest.approx(3.5) and t.expected_drafted(2) == pytest.approx(2.0)
+    assert t.drafting_ms(16) == pytest.approx(100.0 + 25.0 * 5.0)          # not 15 steps' worth
+    sd = BudgetTuner(curve, [0, 2, 4, 8, 16], steps=lambda v: min(v, 15))
+    for budget in (4, 4, 8, 4, 8):
+        sd.observe(tuner_block([0], budget, draft_ms=100.0 + 25.0 * budget, drafted=budget), budget)
+    assert [sd.expected_drafted(v) for v in (2, 8, 16)] == [2, 8, 15]
+    assert sd.drafting_ms(16) == pytest.approx(100.0 + 25.0 * 15)
 
 
 def test_budget_tuner_warms_up_with_the_largest_tree_costing_two_tokens():
