@@ -24,6 +24,7 @@ speed plus the warm-up and the (ever rarer) exploration blocks, instead of below
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import torch
 
 from .block import Block
@@ -199,6 +201,10 @@ class BudgetTuner:
         self.costs: list[DraftCost] = []                     # one per drafting block: budget, positions, C_d ms
         self._line: tuple[float, float] | None = None        # cached (c0, c1) of `cost_line`, reset per sample
         self._survival: list[float] | None = None            # cached `drafted_survival`, reset per sample
+        # per drafting block under a draft stop: (the chain's joint draft log-prob at depths 1..D, the
+        # chain's tokens the target accepted): what `calibration` fits
+        self.chains: list[tuple[list[float], int]] = []
+        self._gamma: float | None = None                     # cached `calibration`, reset per sample
         self.verify_scale: list[float] = []                  # measured verify_ms / curve's C_v(V): load drift
         self.blocks = 0
         self.fresh = True                                    # no drafting block yet in this generation
@@ -316,7 +322,29 @@ class BudgetTuner:
             return None
         node = (self.verify_ms(v) - self.verify_ms(0)) / v
         theta = r * (self.cost_line()[1] + node)
-        return math.log(min(theta, 1.0)) if theta > 0 else None
+        # the chain's tokens are accepted with probability p^gamma, not p: stop where p^gamma < theta
+        return math.log(min(theta, 1.0)) / self.calibration() if theta > 0 else None
+
+    def calibration(self) -> float:
+        """gamma: the target accepts a chain whose joint draft probability is p with probability about
+        p^gamma. Rule: the draft stop weighs a position by what the target will accept, and a draft model's
+        own probability is not that: the 0.5B drafting for the 1.5B was unsure of chains the target went on
+        to accept (on HumanEval, 45 of 56 chains the stop ended were accepted whole). So gamma is fitted by
+        maximum likelihood over the recent blocks' drafted depths (each depth d: joint log-prob l_d, and
+        whether the target accepted the chain through d), on a grid in [1/16, 2]; 1 (p itself) until 8
+        blocks have been seen."""
+        if self._gamma is None:
+            recent = self.chains[-self.window:]
+            gamma = 1.0
+            if len(recent) >= 8:
+                logp = np.array([lp for lps, _ in recent for lp in lps], dtype=np.float64)           # [n]
+                hit = np.array([float(d < a) for lps, a in recent for d in range(len(lps))])          # [n]
+                grid = np.exp(np.linspace(math.log(1 / 16), math.log(2.0), 49))                       # [G]
+                log_acc = np.minimum(grid[:, None] * logp[None, :], -1e-9)                             # [G, n]
+                ll = (hit * log_acc + (1 - hit) * np.log(-np.expm1(log_acc))).sum(1)                  # [G]
+                gamma = float(grid[int(np.argmax(ll))])
+            self._gamma = gamma
+        return self._gamma
 
     def verify_ms(self, v: float) -> float:
         """C_v(V): the start-up curve, rescaled online by how verification times run now."""
@@ -362,10 +390,12 @@ class BudgetTuner:
         r = self.rate(v)
         return r * self.verify_ms(0) if r is not None else None
 
-    def observe(self, block: Block, budget: int, clipped: bool = False) -> None:
+    def observe(self, block: Block, budget: int, clipped: bool = False,
+                chain_logp: list[float] | None = None) -> None:
         """Learn from a verified block drafted under `budget`. `clipped`: the end of the generation (max
         new tokens, the context) left the block less room than a full one, so its tree says nothing
-        about what the budget would have offered or cost."""
+        about what the budget would have offered or cost. `chain_logp`: under a draft stop, the draft
+        log-prob of each of branch 0's tokens (what `calibration` learns from)."""
         t = block.timings
         if block.index == 0:
             self.fresh = True
@@ -377,6 +407,9 @@ class BudgetTuner:
             if not self.fresh and not clipped:
                 self.costs.append(DraftCost(budget, len(block.draft), t.draft_ms + t.tree_ms + t.commit_ms))
                 self._line = self._survival = None
+            if chain_logp:
+                self.chains.append((list(itertools.accumulate(chain_logp)), block.branch0_accepted))
+                self._gamma = None
             self.fresh = False
         expected = self.curve.verify(block.tree_size)
         if expected > 0 and t.verify_ms > 0:
@@ -395,5 +428,6 @@ class BudgetTuner:
         if len(self.history) > 4 * self.window:
             del self.history[: -self.window]
             del self.costs[: -self.window]
+            del self.chains[: -self.window]
             del self.verify_scale[: -self.window]
 

@@ -313,7 +313,11 @@ class Engine:
                                 verify_ms=(t_verify - t_tree_end) * 1e3, commit_ms=(t_commit - t_verify) * 1e3),
                 stop=stop, meta=self._budget_meta(tuner, budget, cfg, draft_stop))
             if tuner is not None:
-                tuner.observe(block, budget, clipped)
+                # under a draft stop the tuner learns how the chain's draft log-probs predict acceptance (of
+                # the chain's depths the tree holds: those the target could accept)
+                chain_logp = (proposal.top_logprobs[: len(branch0), 0].tolist()
+                              if draft_stop is not None and proposal is not None else None)
+                tuner.observe(block, budget, clipped, chain_logp)
             yield block
             new += len(emitted)
             index += 1

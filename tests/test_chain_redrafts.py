@@ -151,12 +151,13 @@ def test_cure_over_an_ar_chain_stops_drafting_where_the_chain_gets_unlikely(targ
             p = thresholds[self.n % len(thresholds)]
             return math.log(p) if p > 0 else None
 
-        def observe(self, block, budget, clipped=False):
-            pass
+        def observe(self, block, budget, clipped=False, chain_logp=None):
+            handed[block.index] = chain_logp
 
         def best_tree(self):
             return None
 
+    handed = {}
     monkeypatch.setattr(Engine, "_make_tuner", lambda self, cfg: Cycle())
     pair = ar_pair(target, drafts["mild"])
     cfg = DecodeConfig(strategy=strategy, k=8, v_max=24, max_new_tokens=80, auto_budget=True, lookup=0)
@@ -173,11 +174,46 @@ def test_cure_over_an_ar_chain_stops_drafting_where_the_chain_gets_unlikely(targ
         steps = drafted_steps(cfg, b.meta["v_max"])
         if strategy == "ddtree" or "draft_stop" not in b.meta:
             assert len(b.draft) == steps and "draft_stop" not in b.meta
+            assert handed[b.index] is None                # no stop, nothing to calibrate
             continue
         assert 1 <= len(b.draft) <= steps                 # the rule itself: test_the_chain_stops_...
         stopped += len(b.draft) < steps
+        # the tuner's calibration data: the draft log-prob of each branch-0 token the tree holds, by depth
+        chain = sorted((n for n in b.nodes if n.branch == 0), key=lambda n: n.depth)
+        lp = handed[b.index]
+        assert [n.depth for n in chain] == list(range(1, len(lp) + 1))
+        assert [n.token for n in chain] == list(b.draft[: len(lp)]) and all(x <= 0 for x in lp)
     if strategy == "cure":
         assert stopped and any(b.tree_size > len(b.draft) > 0 for b in full)      # width where it stopped
+
+
+def test_a_block_with_no_room_to_draft_under_a_draft_stop(target, drafts, monkeypatch):
+    """The generation's last token leaves no room to draft (no proposal) while the tuner still sets a stop:
+    the block verifies the root alone and the tuner gets no chain to calibrate on."""
+    from cure_core.engine import Engine
+
+    class Fixed:                                       # budget 4, stop at p = 0.5, every block
+        last_prediction, last_phase, candidates = None, "settled", [0, 4]
+
+        def choose(self):
+            return 4
+
+        def draft_stop(self, v):
+            return math.log(0.5)
+
+        def observe(self, block, budget, clipped=False, chain_logp=None):
+            assert (chain_logp is None) == (not block.draft)
+
+        def best_tree(self):
+            return None
+
+    monkeypatch.setattr(Engine, "_make_tuner", lambda self, cfg: Fixed())
+    pair = ar_pair(target, drafts["mild"])
+    prompt = list(b"x = [1, 2,")
+    for n in (1, 2, 3, 5):
+        cfg = DecodeConfig(strategy="cure", k=6, v_max=12, max_new_tokens=n, auto_budget=True, lookup=0)
+        ref = generate_ids(pair, cfg.with_(strategy="ar", auto_budget=False), prompt)
+        assert [t for b in Engine(pair, cfg).generate(prompt) for t in b.emitted] == ref
 
 
 def test_the_chain_stops_at_the_first_position_below_the_threshold(target, drafts):

@@ -1,5 +1,6 @@
 """Losslessness: every strategy emits exactly ar's tokens at temperature 0 in float32."""
 import dataclasses
+import itertools
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -24,7 +25,7 @@ def tuner_block(accepted, size, draft_ms, index=1, drafted=0):
     from cure_core.block import Block, Resync, Timings, TreeNode
     nodes = tuple(TreeNode(token=i, parent=-1, depth=1, branch=0, accepted=i in accepted) for i in range(size))
     return Block(index=index, strategy="cure", context_len=0, root=0, draft=tuple(range(drafted)), margins=(), ufps=(),
-                 nodes=nodes, accepted=tuple(accepted), winner=0, branch0_accepted=0, bonus=0, emitted=(),
+                 nodes=nodes, accepted=tuple(accepted), winner=0, branch0_accepted=len(accepted), bonus=0, emitted=(),
                  resync=Resync("none", ()), timings=Timings(draft_ms=draft_ms), stop=None)
 
 
@@ -232,7 +233,7 @@ def test_blocks_without_a_draft_keep_the_drafter_in_sync(target, strategy, monke
             self.n += 1
             return 0 if self.n % 2 else 4
 
-        def observe(self, block, budget, clipped=False):
+        def observe(self, block, budget, clipped=False, chain_logp=None):
             pass
 
         def best_tree(self):                           # what budget 0 was chosen over: nothing measured
@@ -418,6 +419,31 @@ def test_budget_tuner_learns_how_deep_a_stopped_chain_drafts():
         sd.observe(tuner_block([0], budget, draft_ms=100.0 + 25.0 * budget, drafted=budget), budget)
     assert [sd.expected_drafted(v) for v in (2, 8, 16)] == [2, 8, 15]
     assert sd.drafting_ms(16) == pytest.approx(100.0 + 25.0 * 15)
+
+
+def test_budget_tuner_calibrates_the_draft_stop_to_what_the_target_accepts():
+    """The target accepts a chain through depth d with probability p_d^0.5 (p_d: its joint draft probability;
+    an unsure draft model of a right chain). Fitted over 64 blocks, gamma comes out near 0.5, and the stop
+    keeps drafting down to p = theta^2: p^gamma is what the next position can add, p alone undersold it."""
+    import math
+    import random
+
+    from cure_core.budget import BudgetTuner, CostCurve
+
+    rng = random.Random(0)
+    t = BudgetTuner(CostCurve((0, 8), (100.0, 140.0)), [0, 2, 4, 8], steps=lambda v: v)
+    assert t.calibration() == 1.0                                      # nothing seen: p itself
+    for i in range(64):
+        step_lp = [math.log(rng.uniform(0.3, 1.0)) for _ in range(6)]
+        u = rng.random()                                               # accepted through d iff u < p_d^0.5
+        accepted = sum(1 for lp in itertools.accumulate(step_lp) if u < math.exp(0.5 * lp))
+        t.observe(tuner_block(list(range(accepted)), 8, draft_ms=300.0, index=i + 1, drafted=6), 8,
+                  chain_logp=step_lp)
+        if i == 6:
+            assert t.calibration() == 1.0                              # 7 blocks: too few to fit
+    assert 0.4 < t.calibration() < 0.63
+    theta = t.rate(8) * (t.cost_line()[1] + 5.0)
+    assert t.draft_stop(8) == pytest.approx(math.log(theta) / t.calibration())
 
 
 def test_budget_tuner_warms_up_with_the_largest_tree_costing_two_tokens():
