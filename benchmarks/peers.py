@@ -249,13 +249,62 @@ def hf_method(name: str, model, extra: dict, eos: Sequence[int], pad: int | None
     return Method(name, "hf", settings, run)
 
 
-def cure_method(strategy: str, engine, cfg) -> Method:
+def tuner_view(tuner) -> dict:
+    """What the budget tuner believes before its next choice: per candidate budget E[a(V)], C_d(V) ms, E[V(T)]
+    and the predicted tok/s; for a sequential drafter its cost line (c0, c1 ms) and the draft stop's
+    calibration gamma."""
+    view = {"candidates": {}}
+    for v in tuner.candidates:
+        rate = tuner.rate(v)
+        view["candidates"][str(v)] = {"a": tuner.expected_accept(v), "cd_ms": tuner.drafting_ms(v),
+                                      "size": tuner.expected_size(v), "tok_s": 1e3 * rate if rate else None}
+    if tuner.steps is not None and tuner.costs:
+        view["cost_line_ms"] = list(tuner.cost_line())
+        view["gamma"] = tuner.calibration()
+    return view
+
+
+def block_records(blocks, cfg, views=None) -> list[dict]:
+    """Per block: the budget the tuner chose and why, what it drafted, what it cost, and whether a draft stop
+    ended its chain before the budget's positions and the room left did (`stopped`; `chain_accepted`: the
+    chain's tokens the target accepted, so a stopped chain accepted whole shows a stop that came too early).
+    `views`: the tuner's view before each block's choice (--trace-tuner)."""
+    from cure_core.strategies import drafted_steps
+    out, new = [], 0
+    for i, b in enumerate(blocks):
+        budget = b.meta.get("v_max")
+        steps = drafted_steps(cfg, budget) if cfg.auto_budget and budget is not None else cfg.depth
+        room = min(cfg.depth, cfg.max_new_tokens - new - 1)
+        rec = {"budget": budget, "tuning": b.meta.get("tuning"), "tree": len(b.nodes), "drafted": len(b.draft),
+               "draft_stop": b.meta.get("draft_stop"), "accepted": len(b.accepted),
+               "chain_accepted": b.branch0_accepted,
+               "stopped": "draft_stop" in b.meta and len(b.draft) < min(steps, room),
+               "draft_ms": round(b.timings.draft_ms, 2), "verify_ms": round(b.timings.verify_ms, 2)}
+        if views is not None:
+            rec["tuner"] = views[i]
+        out.append(rec)
+        new += len(b.emitted)
+    return out
+
+
+def cure_method(strategy: str, engine, cfg, trace: bool = False) -> Method:
     from cure_core.metrics import summarize
 
     def run(ids: list[int], max_new: int) -> dict:
         c = cfg.with_(max_new_tokens=max_new)
+        tuner = engine.tuner_for(c) if trace else None
+        views = [] if tuner is not None else None
+        blocks = []
         t0 = time.perf_counter()
-        blocks = list(engine.generate(ids, c))
+        gen = engine.generate(ids, c)
+        while True:
+            # the view is read between blocks, outside the engine's timings (decode_ms); the wall time has it
+            if views is not None:
+                views.append(tuner_view(tuner))
+            b = next(gen, None)
+            if b is None:
+                break
+            blocks.append(b)
         wall = (time.perf_counter() - t0) * 1e3
         s = summarize(blocks)
         return {"tokens": [t for b in blocks for t in b.emitted], "prefill_ms": s.prefill_ms,
@@ -263,13 +312,27 @@ def cure_method(strategy: str, engine, cfg) -> Method:
                 "target_forwards": s.blocks, "draft_ms": s.draft_ms, "tree_ms": s.tree_ms,
                 "verify_ms": s.verify_ms, "commit_ms": s.commit_ms, "mean_tree_size": s.mean_tree_size,
                 "k": c.k, "v_max": c.v_max, "auto_budget": c.auto_budget,
-                # per block: the budget the tuner chose and why, what it drafted, what it cost
-                "blocks": [{"budget": b.meta.get("v_max"), "tuning": b.meta.get("tuning"), "tree": len(b.nodes),
-                            "drafted": len(b.draft), "draft_stop": b.meta.get("draft_stop"),
-                            "accepted": len(b.accepted), "draft_ms": round(b.timings.draft_ms, 2),
-                            "verify_ms": round(b.timings.verify_ms, 2)} for b in blocks]}
+                "blocks": block_records(blocks, c, views)}
 
     return Method(f"cure_{strategy}", "cure", cfg.to_dict(), run)
+
+
+def budget_table(rows: list[dict]) -> dict:
+    """A cure method's blocks by the budget they ran at (count, mean accepted and drafted, realised tok/s =
+    (accepted + 1) / (draft + verify ms)), and its draft stops: chains stopped, and how many the target
+    accepted whole."""
+    blocks = [b for r in rows for b in r.get("blocks", ())]
+    by: dict = {}
+    for b in blocks:
+        by.setdefault(b["budget"], []).append(b)
+    table = {str(v): {"blocks": len(bs), "accepted": statistics.mean(b["accepted"] for b in bs),
+                      "drafted": statistics.mean(b["drafted"] for b in bs),
+                      "tok_s": 1e3 * (statistics.mean(b["accepted"] for b in bs) + 1)
+                      / max(statistics.mean(b["draft_ms"] + b["verify_ms"] for b in bs), 1e-9)}
+             for v, bs in sorted(by.items(), key=lambda kv: -1 if kv[0] is None else kv[0])}
+    stopped = [b for b in blocks if b.get("stopped")]
+    return {"by_budget": table, "stopped_chains": len(stopped),
+            "stopped_chains_accepted_whole": sum(1 for b in stopped if b["chain_accepted"] >= b["drafted"])}
 
 
 def strategy_variant(spec: str) -> tuple[str, dict]:
@@ -331,7 +394,8 @@ def build_methods(args, setup: Setup) -> list[Method]:
         s, changes = strategy_variant(spec)
         try:
             pair.drafter_for(s)
-            methods.append(cure_method(spec, setup.engine, setup.config.with_(strategy=s, **changes)))
+            methods.append(cure_method(spec, setup.engine, setup.config.with_(strategy=s, **changes),
+                                       trace=args.trace_tuner))
         except (ConfigError, TypeError) as e:
             setup.skipped.append({"method": f"cure_{spec}", "reason": str(e)})
     return methods
@@ -367,6 +431,8 @@ def summarize_methods(methods: Sequence[Method], results: list[dict]) -> dict:
             "matches_hf_greedy": sum(r["matches_hf_greedy"] for r in rows),
             "all_match_hf_greedy": all(r["matches_hf_greedy"] for r in rows),
         }
+        if m.kind == "cure":
+            out[m.name]["budgets"] = budget_table(rows)
     ceilings(out, results)
     for ref, key in ((CURE_AR, "speedup_vs_cure_ar"), (REFERENCE, "speedup_vs_hf_generate")):
         base = out.get(ref, {}).get("tokens_per_s")
@@ -451,6 +517,8 @@ def parse_args(argv: Sequence[str] | None):
     ap.add_argument("--warmup-tokens", type=int, default=8, help="tokens of each method's warm-up generation (0: none)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--tiny", action="store_true", help="in-process tiny random models (fast smoke run)")
+    ap.add_argument("--trace-tuner", action="store_true",
+                    help="record, per block, the budget tuner's view before its choice (rates per candidate budget)")
     ap.add_argument("--json", default=None, metavar="OUT.json")
     ap.add_argument("--quiet", action="store_true", help="no per-generation progress lines")
     EngineArgs.add_cli_args(ap, exclude=("strategy", "temperature", "seed", "chat"), max_new_tokens=64)

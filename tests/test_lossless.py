@@ -421,6 +421,25 @@ def test_budget_tuner_learns_how_deep_a_stopped_chain_drafts():
     assert sd.drafting_ms(16) == pytest.approx(100.0 + 25.0 * 15)
 
 
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(samples=st.lists(st.tuples(st.sampled_from([1, 2, 4, 8, 16]), st.integers(0, 15)), min_size=1, max_size=40))
+def test_the_survival_curve_equals_the_written_out_kaplan_meier_rule(samples):
+    """drafted_survival's one-pass counts equal the rule written out depth by depth: at depth d, the blocks
+    at risk drafted d positions and could have drafted more; those that stopped there drafted exactly d."""
+    from cure_core.budget import BudgetTuner, CostCurve, DraftCost
+
+    t = BudgetTuner(CostCurve((0, 16), (100.0, 120.0)), [0, 1, 2, 4, 8, 16], steps=lambda v: min(v, 15))
+    t.costs = [DraftCost(b, min(p, min(b, 15)), 100.0) for b, p in samples]
+    recent = [(c.positions, min(c.budget, 15)) for c in t.costs]
+    want, s = [1.0], 1.0
+    for d in range(1, max(p for p, _ in recent) + 1):
+        at_risk = [p for p, cap in recent if p >= d and cap > d]
+        if at_risk:
+            s *= 1 - sum(1 for p in at_risk if p == d) / len(at_risk)
+        want.append(s)
+    assert t.drafted_survival() == pytest.approx(want)
+
+
 def test_budget_tuner_calibrates_the_draft_stop_to_what_the_target_accepts():
     """The target accepts a chain through depth d with probability p_d^0.5 (p_d: its joint draft probability;
     an unsure draft model of a right chain). Fitted over 64 blocks, gamma comes out near 0.5, and the stop

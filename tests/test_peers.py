@@ -16,7 +16,7 @@ def peers():
 def report(peers, tmp_path_factory):
     out = tmp_path_factory.mktemp("peers") / "peers.json"
     ret = peers.main(["--tiny", "--limit", "2", "--max-new-tokens", "6", "--k", "4", "--threads", "1",
-                      "--warmup-tokens", "2", "--quiet", "--json", str(out)])
+                      "--warmup-tokens", "2", "--quiet", "--trace-tuner", "--json", str(out)])
     on_disk = json.loads(out.read_text())
     assert on_disk == json.loads(json.dumps(ret))          # what main returns is what it wrote
     return on_disk
@@ -116,3 +116,31 @@ def test_strategy_variants_run_one_strategy_with_changed_fields(peers, tmp_path)
     assert "cure_cure:lookup=3" in names and "cure_cure:nope=1" not in names
     assert any(s["method"] == "cure_cure:nope=1" for s in ret["skipped"])
     assert all(r["matches_hf_greedy"] for r in ret["results"])
+
+
+def test_cure_blocks_record_the_tuners_view_and_the_draft_stops(report):
+    """--trace-tuner: every block of a tuned method carries the tuner's view before its choice, and the
+    per-method budget table counts every block once."""
+    for r in report["results"]:
+        if not r["method"].startswith("cure_"):
+            continue
+        assert len(r["blocks"]) == r["target_forwards"]
+        for b in r["blocks"]:
+            assert b["chain_accepted"] <= b["drafted"] and isinstance(b["stopped"], bool)
+            assert not b["stopped"] or r["method"] == "cure_cure"          # only best-first cure stops drafting
+            if r["method"] != "cure_ar":
+                assert str(b["budget"]) in b["tuner"]["candidates"]
+    for name in CURE:
+        s = report["summary"][name]
+        assert sum(x["blocks"] for x in s["budgets"]["by_budget"].values()) == s["target_forwards"]
+
+
+def test_budget_table_counts_stopped_chains_and_those_accepted_whole(peers):
+    def blk(budget, drafted, chain, stopped, accepted=None):
+        return {"budget": budget, "drafted": drafted, "chain_accepted": chain, "stopped": stopped,
+                "accepted": chain if accepted is None else accepted, "draft_ms": 60.0, "verify_ms": 40.0}
+    rows = [{"blocks": [blk(4, 2, 2, True), blk(4, 3, 1, True), blk(8, 8, 5, False, accepted=6)]}]
+    t = peers.budget_table(rows)
+    assert t["stopped_chains"] == 2 and t["stopped_chains_accepted_whole"] == 1
+    assert t["by_budget"]["4"]["blocks"] == 2 and t["by_budget"]["4"]["drafted"] == pytest.approx(2.5)
+    assert t["by_budget"]["8"]["tok_s"] == pytest.approx(1e3 * 7 / 100)
