@@ -240,9 +240,9 @@ class BudgetTuner:
         them, the nearest one's. A sequential drafter pays per position it drafts: C_d(v) = c0 + c1 x
         E[positions drafted under v] (`cost_line`, `expected_drafted`). Both parts matter: priced in
         proportion to the steps alone, a tuner settled on 4-step chains priced an 8-step chain at twice
-        its cost (the per-block part, c0, is about two steps of a 0.5B draft on this CPU) and a stopped
-        chain at the steps it never drafted, and stayed on budgets the blocks it did explore beat
-        (benchmarks/results/README.md, tuner cost model)."""
+        its cost where a per-block part c0 is large, and a stopped chain at the steps it never drafted,
+        and stayed on budgets the blocks it did explore beat (benchmarks/results/README.md, tuner cost
+        model). How large c0 is varies by pair and run; it is learnt, not assumed."""
         if v == 0 or not self.costs:
             return 0.0
         if self.steps is not None:
