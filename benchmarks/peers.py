@@ -266,9 +266,10 @@ def tuner_view(tuner) -> dict:
 
 def block_records(blocks, cfg, views=None) -> list[dict]:
     """Per block: the budget the tuner chose and why, what it drafted, what it cost, and whether a draft stop
-    ended its chain before the budget's positions and the room left did (`stopped`; `chain_accepted`: the
-    chain's tokens the target accepted, so a stopped chain accepted whole shows a stop that came too early).
-    `views`: the tuner's view before each block's choice (--trace-tuner)."""
+    ended its chain before the budget's positions and the room max_new_tokens left did (`stopped`; the
+    engine's other bound, the context's end, is not modelled: these prompts are far from it;
+    `chain_accepted`: the chain's tokens the target accepted, so a stopped chain accepted whole shows a
+    stop that came too early). `views`: the tuner's view before each block's choice (--trace-tuner)."""
     from cure_core.strategies import drafted_steps
     out, new = [], 0
     for i, b in enumerate(blocks):
@@ -325,11 +326,12 @@ def budget_table(rows: list[dict]) -> dict:
     by: dict = {}
     for b in blocks:
         by.setdefault(b["budget"], []).append(b)
-    table = {str(v): {"blocks": len(bs), "accepted": statistics.mean(b["accepted"] for b in bs),
-                      "drafted": statistics.mean(b["drafted"] for b in bs),
-                      "tok_s": 1e3 * (statistics.mean(b["accepted"] for b in bs) + 1)
-                      / max(statistics.mean(b["draft_ms"] + b["verify_ms"] for b in bs), 1e-9)}
-             for v, bs in sorted(by.items(), key=lambda kv: -1 if kv[0] is None else kv[0])}
+    def row(bs: list[dict]) -> dict:
+        accepted = statistics.mean(b["accepted"] for b in bs)
+        ms = statistics.mean(b["draft_ms"] + b["verify_ms"] for b in bs)
+        return {"blocks": len(bs), "accepted": accepted, "drafted": statistics.mean(b["drafted"] for b in bs),
+                "tok_s": 1e3 * (accepted + 1) / max(ms, 1e-9)}
+    table = {str(v): row(bs) for v, bs in sorted(by.items(), key=lambda kv: -1 if kv[0] is None else kv[0])}
     stopped = [b for b in blocks if b.get("stopped")]
     return {"by_budget": table, "stopped_chains": len(stopped),
             "stopped_chains_accepted_whole": sum(1 for b in stopped if b["chain_accepted"] >= b["drafted"])}

@@ -339,10 +339,10 @@ class BudgetTuner:
         """gamma: the target accepts a chain whose joint draft probability is p with probability about
         p^gamma. Rule: the draft stop weighs a position by what the target will accept, and a draft model's
         own probability is not that: the 0.5B drafting for the 1.5B was unsure of chains the target went on
-        to accept (on HumanEval tuning prompts, 46 of 57 chains the stop ended were accepted whole). So gamma is fitted by
-        maximum likelihood over the recent blocks' drafted depths (each depth d: joint log-prob l_d, and
-        whether the target accepted the chain through d), on a grid in [1/16, 2]; 1 (p itself) until 8
-        blocks have been seen."""
+        to accept (on HumanEval tuning prompts, 46 of 57 chains the stop ended were accepted whole). So
+        gamma is fitted by maximum likelihood over the recent blocks' drafted depths (each depth d: joint
+        log-prob l_d, and whether the target accepted the chain through d), on a grid in [1/16, 2]; 1
+        (p itself) until 8 blocks have been seen."""
         if self._gamma is None:
             recent = self.chains[-self.window:]
             gamma = 1.0
