@@ -24,6 +24,7 @@ speed plus the warm-up and the (ever rarer) exploration blocks, instead of below
 """
 from __future__ import annotations
 
+import bisect
 import itertools
 import json
 import math
@@ -197,7 +198,8 @@ class BudgetTuner:
         # tree whose verification costs at most `warmup_cost` one-token steps.
         cheap = [v for v in self.candidates if v > 0 and curve.verify(v) <= warmup_cost * curve.verify(0)]
         self.warmup_budget = max(cheap) if cheap else min((v for v in self.candidates if v > 0), default=0)
-        self.history: list[tuple[list[int], int, bool]] = []   # (accepted node indices, tree size, cut)
+        self.history: list[tuple[list[int], int, bool]] = []   # (sorted accepted node indices, tree size, cut)
+        self._accept: dict[int, float | None] = {}           # cached `expected_accept`, reset per block
         self.costs: list[DraftCost] = []                     # one per drafting block: budget, positions, C_d ms
         self._line: tuple[float, float] | None = None        # cached (c0, c1) of `cost_line`, reset per sample
         self._survival: list[float] | None = None            # cached `drafted_survival`, reset per sample
@@ -213,12 +215,38 @@ class BudgetTuner:
         self.last_phase = "settled"
 
     def expected_accept(self, v: int) -> float | None:
-        vals = []
-        for accepted, size, cut in self.history[-self.window:]:
-            if cut and v > size:
-                continue                                  # unknown: that tree was cut below v
-            vals.append(sum(1 for i in accepted if i < v))
-        return sum(vals) / len(vals) if vals else None
+        """E[a(V)]: accepted nodes with index < v per block. Rule: the blocks that tell a(v) for a large v are
+        the few drafted under a large budget (warm-up, explorations); the blocks that tell a small one are
+        all of them. Averaged over the large-budget blocks alone, a(v) took the luck of those few blocks at
+        every depth: on a 1.5B pair, warm-up and explorations that fell on a prompt's hard opening priced
+        budget 4 below budget 2 while the settled budget-2 blocks accepted 2 of 2 almost every time, and the
+        tuner stayed on 2 for most of a GSM8K run (benchmarks/results/tuner_trace_qwen15b_cpu).
+        So a(v) is chained over the candidate budgets below it: a(u_1) from every block that tells it, plus,
+        for each next budget u_j <= v, the mean increment a(u_j) - a(u_j-1) over the blocks that tell
+        a(u_j). With every block telling every budget this is the plain mean (the sums telescope). None
+        when no block tells a(v)."""
+        if not self._accept:                               # every candidate's, in one sweep up the chain
+            self._accept = self._chain([c for c in self.candidates if c > 0])
+        if v not in self._accept:
+            self._accept.update(self._chain([c for c in self.candidates if 0 < c < v] + [v]))
+        return self._accept[v] if v > 0 else (0.0 if self.history else None)
+
+    def _chain(self, levels: list[int]) -> dict[int, float | None]:
+        """{u: a(u)} for increasing budgets `levels`, each the one below's plus the mean increment over the
+        blocks that tell it (None from the first that no block tells)."""
+        recent = self.history[-self.window:]
+        out: dict[int, float | None] = {}
+        total, prev = 0.0, 0
+        for u in levels:
+            # a block tells a(u) unless its tree was cut (by its budget or the generation's end) below u
+            inc = [bisect.bisect_left(acc, u) - bisect.bisect_left(acc, prev)
+                   for acc, size, cut in recent if not (cut and u > size)]
+            if not inc:
+                out.update((w, None) for w in levels if w >= u)
+                break
+            total += sum(inc) / len(inc)
+            out[u], prev = total, u
+        return out
 
     def expected_size(self, v: int) -> float:
         """E[V(T)] under budget v: a tree holds min(v, the nodes its block offered); for a block whose
@@ -259,23 +287,28 @@ class BudgetTuner:
         return mean[lo] + (mean[hi] - mean[lo]) * (v - lo) / (hi - lo)
 
     def cost_line(self) -> tuple[float, float]:
-        """(c0, c1): a sequential drafter's C_d = c0 + c1 x positions drafted, by least squares over the
-        recent drafting blocks. c1 is what one more position costs (a drafter step, its re-draft rows, its
-        share of the tree work); c0 what a block costs whatever it drafts (the drafter's catch-up on the
-        accepted tokens, the tree's fixed part, the commit). Rule: where the positions barely vary (a
-        tuner settled on one budget without a stop: variance under 1/4) or the fit comes out negative,
-        the line goes through 0 (c1 = mean ms / mean positions), which prices unsampled budgets high,
-        never low; explorations then bring the samples that identify c0."""
+        """(c0, c1): a sequential drafter's C_d = c0 + c1 x positions drafted, fitted over the recent drafting
+        blocks. c1 is what one more position costs (a drafter step, its re-draft rows, its share of the tree
+        work); c0 what a block costs whatever it drafts (the drafter's catch-up on the accepted tokens, the
+        tree's fixed part, the commit). Rule: the fit is Theil-Sen (c1 the median slope over pairs of blocks
+        that drafted different lengths, c0 the median residual), not least squares: single blocks run 2-3x
+        slow (a shape the CPU kernels meet for the first time, another job's burst), and on a 1.5B pair the
+        first full chain of a run (15 positions, 132 ms each against 80 later) set a least-squares line that
+        put the tuner on 1-position chains for its first blocks (benchmarks/results/README.md). Where the
+        lengths barely vary (fewer pairs that differ than blocks: one block alone would set the slope) or
+        the fit comes out negative, the line goes through 0 (c1 = median ms per position), which prices
+        unsampled budgets high, never low; explorations then bring the samples that identify c0."""
         if self._line is None:
             recent = self.costs[-self.window:]
-            n = len(recent)
-            mx = sum(c.positions for c in recent) / n
-            my = sum(c.ms for c in recent) / n
-            sxx = sum((c.positions - mx) ** 2 for c in recent)
-            line = (0.0, my / mx if mx > 0 else 0.0)
-            if n >= 4 and sxx >= 0.25 * n:
-                c1 = sum((c.positions - mx) * (c.ms - my) for c in recent) / sxx
-                c0 = my - c1 * mx
+            pos = np.array([c.positions for c in recent], dtype=np.float64)                     # [n]
+            ms = np.array([c.ms for c in recent], dtype=np.float64)                             # [n]
+            some = pos > 0
+            line = (0.0, float(np.median(ms[some] / pos[some]))) if some.any() else (0.0, 0.0)
+            i, j = np.triu_indices(len(recent), 1)                                              # every pair
+            differ = pos[i] != pos[j]
+            if len(recent) >= 4 and differ.sum() >= len(recent):
+                c1 = float(np.median((ms[j] - ms[i])[differ] / (pos[j] - pos[i])[differ]))
+                c0 = float(np.median(ms - c1 * pos))
                 if c1 > 0 and c0 >= 0:
                     line = (c0, c1)
             self._line = line
@@ -434,7 +467,8 @@ class BudgetTuner:
                 self.next_explore = min(self.next_explore, self.blocks + self.explore_every)
         # Rule: a clipped tree is censored like one cut by its budget (counted for V <= its size only); as
         # an uncut tree, each prompt's last, short block taught a(V) = its few nodes for every V.
-        self.history.append((list(block.accepted), block.tree_size, clipped or block.tree_size >= budget))
+        self.history.append((sorted(block.accepted), block.tree_size, clipped or block.tree_size >= budget))
+        self._accept = {}
         if len(self.history) > 4 * self.window:
             del self.history[: -self.window]
             del self.costs[: -self.window]
