@@ -24,7 +24,8 @@ Rules (--rules):
     main     cure_core.budget.BudgetTuner as it is
     direct   a(V) averaged over the blocks that tell it alone (the rule before the chained estimate)
     lsq      the cost line by least squares (the rule before Theil-Sen)
-    both     direct + lsq: the tuner of commit 245dc39
+    zero-early  budget 0 as soon as it rates best (the rule before `priced_before_zero`)
+    both     direct + lsq + zero-early: the tuner of commit 245dc39
 --fixed B,...: fixed budgets on the same clock, noise-free (auto off: no tuner, so no draft stop either).
 """
 from __future__ import annotations
@@ -137,11 +138,20 @@ class LeastSquaresLine(LabTuner):
         return self._line
 
 
-class Both(DirectAccept, LeastSquaresLine):
-    """Both earlier rules: the tuner of commit 245dc39."""
+class ZeroEarly(LabTuner):
+    """Budget 0 as soon as it rates best, whatever a sequential drafter's cost line rests on: the rule before
+    `priced_before_zero`."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, priced_before_zero=0, **kwargs)
 
 
-RULES = {"main": LabTuner, "direct": DirectAccept, "lsq": LeastSquaresLine, "both": Both}
+class Both(DirectAccept, LeastSquaresLine, ZeroEarly):
+    """The three earlier rules: the tuner of commit 245dc39."""
+
+
+RULES = {"main": LabTuner, "direct": DirectAccept, "lsq": LeastSquaresLine, "both": Both,
+         "zero-early": ZeroEarly}
 
 
 def run_rule(setup, cfg, base: BudgetTuner, rule: str, seed: int, line, args) -> dict:

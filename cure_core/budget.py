@@ -179,7 +179,7 @@ class BudgetTuner:
 
     def __init__(self, curve: CostCurve, candidates: list[int], window: int = 64, explore_every: int = 8,
                  warmup: int = 2, explore_max: int = 64, warmup_cost: float = 2.0,
-                 steps: Callable[[int], int] | None = None):
+                 steps: Callable[[int], int] | None = None, priced_before_zero: int = 3):
         self.curve = curve
         # sequential drafter steps a budget costs (an AR chain: one per drafted position, min(V, K-1));
         # None: one pass at any budget (a block-parallel drafter)
@@ -194,6 +194,7 @@ class BudgetTuner:
         self.settled: int | None = None                      # the best budget at the last exploration
         self.probe: tuple[int, float | None] | None = None   # (budget, expected a(V)) of a pending exploration
         self.warmup = warmup                                 # first blocks verified at the warm-up budget
+        self.priced_before_zero = priced_before_zero         # C_d samples a sequential drafter needs before budget 0
         # Rule: warm-up blocks learn a(V) for every V up to their budget at once, so they want the largest
         # tree whose verification costs at most `warmup_cost` one-token steps.
         cheap = [v for v in self.candidates if v > 0 and curve.verify(v) <= warmup_cost * curve.verify(0)]
@@ -396,7 +397,7 @@ class BudgetTuner:
 
     def choose(self) -> int:
         self.blocks += 1
-        self.last_phase = "settled"                        # why this budget: warmup | explore | settled
+        self.last_phase = "settled"                        # why this budget: warmup | explore | unpriced | settled
         if len(self.history) < self.warmup:
             choice = self.warmup_budget                    # warm-up: learn a(V) for every V at once
             self.last_phase = "warmup"
@@ -416,6 +417,18 @@ class BudgetTuner:
                 choice = bigger[0]
                 self.probe = (choice, self.expected_accept(choice))
                 self.last_phase = "explore"
+            if choice == 0 and self.steps is not None and len(self.costs) < self.priced_before_zero:
+                # Rule: a sequential drafter's tuner leaves for budget 0 only once `priced_before_zero` blocks
+                # have priced drafting; before that it drafts at the best-rated non-zero budget. With one or
+                # two samples its cost line is a guess (c1 = ms per position through 0, one slow block's
+                # worth), and budget 0 drafts nothing, so nothing would correct the guess: explorations then
+                # come ever more rarely. On the modelled clock (benchmarks/tuner_lab.py, rule `zero-early` is
+                # the tuner without this) a HumanEval seed spent 13 early blocks at budget 0 (5.82 modelled
+                # tok/s, 6.09 with the rule); the other seeds and GSM8K never chose 0 that early.
+                best = self.best_tree()
+                if best is not None:
+                    choice = best[0]
+                    self.last_phase = "unpriced"
         self.last_choice = choice
         self.last_prediction = self.predicted_speedup(choice)
         return choice

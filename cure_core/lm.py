@@ -28,7 +28,7 @@ from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
 
 from .config import KV_LAYOUTS
 from .cpu_kernels import is_packed
-from .tree import extend_ancestors
+from .tree import fill_ancestors
 
 
 # Node counts a static-shape forward is padded up to (beyond the last: multiples of 128).
@@ -159,8 +159,10 @@ class CachedLM:
                 layer.set_used(0)
         self.committed = 0                              # tokens of verified context in the cache
         self.scratch_tokens: list[int] = []
-        self.scratch_depth = np.zeros(0, dtype=np.int64)     # [S] depth below the committed end (1-based)
-        self.scratch_anc = np.zeros((0, 0), dtype=bool)      # [S, S] ancestor-or-self among scratch nodes
+        self.scratch_depth: list[int] = []              # [S] depth below the committed end (1-based)
+        # ancestor-or-self among scratch nodes: rows/columns [:S] of a buffer reused across forwards and
+        # blocks, all False outside them (fill_ancestors writes rows into False ones; commit clears them)
+        self._anc = np.zeros((64, 64), dtype=bool)
 
     @property
     def scratch(self) -> int:
@@ -176,45 +178,57 @@ class CachedLM:
         """
         n = len(tokens)
         s_old = self.scratch
-        dep = self.scratch_depth.tolist()
-        for p in parents:                                    # plain ints; parents come before children
-            dep.append(dep[p] + 1 if p >= 0 else 1)
-        all_depth = np.asarray(dep, dtype=np.int64)
-        new_depth = all_depth[s_old:]
-        anc = extend_ancestors(self.scratch_anc, parents, new_depth)   # [S_old+N, S_old+N]
-        end = self.committed + s_old + n                     # cache rows in use after this forward
+        s_new = s_old + n
+        old_depth = self.scratch_depth
+        new_depth: list[int] = []                            # plain ints; parents come before children
+        for p in parents:
+            new_depth.append(1 if p < 0 else (old_depth[p] if p < s_old else new_depth[p - s_old]) + 1)
+        if s_new > len(self._anc):                           # grow the buffer: used rows copied once
+            grown = np.zeros((2 * s_new, 2 * s_new), dtype=bool)
+            grown[:s_old, :s_old] = self._anc[:s_old, :s_old]
+            self._anc = grown
+        # rows s_old.. are False (past the scratch nodes); written, they take effect when `scratch` grows
+        fill_ancestors(self._anc, parents, s_old)
+        end = self.committed + s_new                         # cache rows in use after this forward
         # Static shapes: pad to n_pad nodes with dummies (depth 1, seeing the prefix and themselves;
         # no real node sees them) and span the whole capacity; their rows are dropped right after.
         n_pad = padded_size(n) if self.static_shapes else n
         width = self.capacity if self.static_shapes else end
         if self.kv == "static" and self.committed + s_old + n_pad > self.capacity:
             if self.static_shapes:                           # compiled graphs hold the buffers' addresses
+                self._clear_rows(s_old, s_new)
                 raise RuntimeError(f"KV cache capacity {self.capacity} exceeded "
                                    f"({self.committed} committed + {s_old + n_pad} scratch rows)")
             self._grow(self.committed + s_old + n_pad)
         # Mask: [1, 1, N_pad, width]; every new node sees the committed prefix and exactly its own
-        # scratch ancestors (itself included).
-        mask = torch.zeros((n_pad, width), dtype=torch.bool)
+        # scratch ancestors (itself included). Built in numpy: per-call costs dominate at these sizes.
+        mask = np.zeros((n_pad, width), dtype=bool)
         mask[:, :self.committed] = True
-        mask[:n, self.committed:end] = torch.from_numpy(anc[s_old:])
+        mask[:n, self.committed:end] = self._anc[s_old:s_new, :s_new]
         # Rule: position id = committed length + depth - 1 (a node right after the prefix sits at `committed`).
-        pos = torch.full((n_pad,), self.committed, dtype=torch.long)
-        pos[:n] = torch.from_numpy(self.committed + new_depth - 1)
+        pos = np.full(n_pad, self.committed, dtype=np.int64)
+        pos[:n] = new_depth
+        pos[:n] += self.committed - 1
         toks = list(tokens)
         if n_pad > n:
-            dummy = torch.arange(n, n_pad)
+            dummy = np.arange(n, n_pad)
             mask[dummy, end - n + dummy] = True
             toks += [toks[-1]] * (n_pad - n)
         ids = torch.tensor([toks], dtype=torch.long, device=self.device)
+        mask, pos = torch.from_numpy(mask), torch.from_numpy(pos)
         # Rule: only tree-sized forwards (<= PAD_SIZES[-1] nodes) run compiled; a prefill runs eagerly
         # (into the same buffers), so prompt lengths never add compilations.
         run = self.run if n_pad <= PAD_SIZES[-1] else self.eager
         graphs = self.graphs and run is self.run
         if graphs:
             torch.compiler.cudagraph_mark_step_begin()       # the previous replay's outputs are dead
-        out = run(input_ids=ids, attention_mask=mask[None, None].to(self.device),
-                       position_ids=pos[None].to(self.device), cache=self.cache, use_cache=True,
-                       output_hidden_states=bool(self.hidden_layers))
+        try:
+            out = run(input_ids=ids, attention_mask=mask[None, None].to(self.device),
+                      position_ids=pos[None].to(self.device), cache=self.cache, use_cache=True,
+                      output_hidden_states=bool(self.hidden_layers))
+        except BaseException:
+            self._clear_rows(s_old, s_new)                   # the nodes never entered the scratch
+            raise
         if self.kv == "static":
             for layer in self.cache.layers:
                 if n_pad > n:
@@ -232,8 +246,7 @@ class CachedLM:
         else:
             last = out.last_hidden_state[0, :n]              # [N, H]
         self.scratch_tokens.extend(int(t) for t in tokens)
-        self.scratch_depth = all_depth
-        self.scratch_anc = anc
+        self.scratch_depth = old_depth + new_depth
         return Forward(logits=logits, last=last, hidden=hidden, nodes=list(range(s_old, s_old + n)))
 
     def prefill(self, ids: Sequence[int]) -> Forward | None:
@@ -250,11 +263,12 @@ class CachedLM:
         prefix and drop every other scratch node: the cache is gathered to exactly those rows."""
         keep = list(keep)
         if keep:
-            depths = self.scratch_depth[keep]
-            assert (depths == np.arange(1, len(keep) + 1)).all(), "commit() needs a chain from depth 1"
+            assert [self.scratch_depth[i] for i in keep] == list(range(1, len(keep) + 1)), \
+                "commit() needs a chain from depth 1"
         s = self.scratch
         if s == 0:
             return
+        self._clear_rows(0, s)
         if keep == list(range(len(keep))):
             # Fast path: the kept chain is a prefix of the scratch rows; crop the rest.
             self._crop(self.committed + len(keep))
@@ -275,8 +289,16 @@ class CachedLM:
                 layer.values = layer.values.index_select(-2, dev_idx)
         self.committed += len(keep)
         self.scratch_tokens = []
-        self.scratch_depth = np.zeros(0, dtype=np.int64)
-        self.scratch_anc = np.zeros((0, 0), dtype=bool)
+        self.scratch_depth = []
+
+    def _clear_rows(self, start: int, stop: int) -> None:
+        """Ancestor rows start..stop-1 back to False (their columns stop before `stop`)."""
+        self._anc[start:stop, :stop] = False
+
+    @property
+    def scratch_anc(self) -> np.ndarray:
+        """[S, S] ancestor-or-self among the scratch nodes (a view of the buffer)."""
+        return self._anc[: self.scratch, : self.scratch]
 
     def rollback(self) -> None:
         """Drop every scratch node."""

@@ -16,6 +16,7 @@ import heapq
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import torch
 
@@ -119,12 +120,33 @@ def build_tree(cfg: DecodeConfig, proposal: Proposal | None, drafter: Drafter | 
 # Best-first over top-k tables (ddtree, cure best-first)
 # ---------------------------------------------------------------------------------------------
 
+class Rows(Sequence):
+    """The rows of a [n, W] CPU tensor as host lists, each read when first asked for. Rule: a re-drafted
+    table is read this way, not whole: best_first reaches about one row of each a block (tiny AR-chain
+    pair, V 16 and 64), and reading 3 re-drafts whole ([~13, W] ids and log-probs each) cost 0.05-0.09 ms
+    a block of host time (benchmarks/overhead.py)."""
+    __slots__ = ("_t", "_rows")
+
+    def __init__(self, t: torch.Tensor):
+        self._t = t.numpy()                                 # a view: no copy
+        self._rows: list[list | None] = [None] * len(self._t)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, r: int) -> list:
+        row = self._rows[r]
+        if row is None:
+            row = self._rows[r] = self._t[r].tolist()
+        return row
+
+
 @dataclass(frozen=True)
 class Table:
     """Per-position candidates for depths first .. first + len(ids) - 1: ids[r][j] is the j-th best token
     at depth first + r, logp[r][j] its draft log-prob (best first)."""
-    ids: list[list[int]]
-    logp: list[list[float]]
+    ids: Sequence[list[int]]
+    logp: Sequence[list[float]]
     first: int = 1
 
     @staticmethod
@@ -132,18 +154,9 @@ class Table:
         return Table(p.top_ids.tolist(), p.top_logprobs.tolist(), first)
 
     @staticmethod
-    def many(sources: list[tuple[Proposal, int]]) -> list["Table"]:
-        """Table.of for each (proposal, first depth), read to the host in one pass (equal widths)."""
-        if len(sources) <= 1:
-            return [Table.of(*s) for s in sources]
-        ids = torch.cat([p.top_ids for p, _ in sources]).tolist()
-        logp = torch.cat([p.top_logprobs for p, _ in sources]).tolist()
-        out, at = [], 0
-        for p, first in sources:
-            n = len(p.tokens)
-            out.append(Table(ids[at:at + n], logp[at:at + n], first))
-            at += n
-        return out
+    def lazy(p: Proposal, first: int = 1) -> "Table":
+        """Table.of with each row read to the host when first needed (`Rows`)."""
+        return Table(Rows(p.top_ids), Rows(p.top_logprobs), first)
 
     def last(self) -> int:
         return self.first + len(self.ids) - 1
@@ -337,7 +350,7 @@ def build_cure_best_first(cfg: DecodeConfig, proposal: Proposal, drafter: Drafte
     redraft_ms = (time.perf_counter() - t0) * 1e3
     live = [(tuple(p), r) for p, r in zip(prefixes, redrafted) if len(r.tokens)]
     if policy.weight >= 1.0 or not live:
-        under = dict(zip((p for p, _ in live), Table.many([(r, len(p) + 1) for p, r in live])))
+        under = {p: Table.lazy(r, len(p) + 1) for p, r in live}
     else:
         tables = blend(proposal.top_ids, proposal.top_logprobs, 1,
                        [(len(p) + 1, r.top_ids, r.top_logprobs) for p, r in live], policy.weight)

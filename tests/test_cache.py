@@ -121,3 +121,47 @@ def test_compiled_forwards_keep_graph_safe_buffers_and_run_prefills_eagerly(targ
         fresh = target(torch.tensor([ctx + [7, 8]])).logits[0, -1]
     assert torch.allclose(fwd.logits[1], fresh, atol=1e-4)
     lm.run = compiled
+
+
+def test_scratch_ancestors_over_forwards_growth_commits_and_a_refused_forward(target):
+    """The scratch ancestor rows live in a buffer reused across forwards and blocks: after every forward
+    (several per block, the buffer growing past its first 64 rows), commit, rollback and a forward the
+    cache refuses, they equal the brute-force ancestors of the parents given, and the buffer is False
+    everywhere else (fill_ancestors writes new rows into False ones)."""
+    gen = torch.Generator().manual_seed(5)
+    lm = CachedLM(target, kv="static", capacity=256, static_shapes=True)
+
+    def check(parents):
+        s = len(parents)
+        want = torch.zeros((s, s), dtype=torch.bool)
+        for i in range(s):
+            j = i
+            while j >= 0:
+                want[i, j] = True
+                j = parents[j]
+        assert lm.scratch == s and torch.equal(torch.from_numpy(lm.scratch_anc.copy()), want)
+        rest = lm._anc.copy()
+        rest[:s, :s] = False
+        assert not rest.any()
+        # the depths the positions come from agree with the parents
+        assert lm.scratch_depth == [1 if p < 0 else lm.scratch_depth[p] + 1 for p in parents]
+
+    lm.prefill([1, 2, 3])
+    for block in range(3):
+        parents: list[int] = []
+        for _ in range(4):                                     # 4 forwards, 5-24 nodes each: > 64 scratch rows
+            n = int(torch.randint(5, 25, (1,), generator=gen))
+            new = [int(torch.randint(-1, len(parents) + j, (1,), generator=gen)) for j in range(n)]
+            lm.forward(torch.randint(0, 256, (n,), generator=gen).tolist(), new)
+            parents += new
+            check(parents)
+        leaf, chain = len(parents) - 1, []
+        while leaf >= 0:
+            chain.append(leaf)
+            leaf = parents[leaf]
+        lm.commit(chain[::-1]) if block < 2 else lm.rollback()
+        check([])
+    lm.forward([7, 8], [-1, 0])
+    with pytest.raises(RuntimeError, match="capacity"):
+        lm.forward([9] * 200, [-1] + list(range(2, 201)))      # past the static capacity: refused
+    check([-1, 0])

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cure_core.config import DecodeConfig
-from cure_core.drafters.base import chain_substitutions
+from cure_core.drafters.base import ChainSubstitutions, chain_substitutions
 from cure_core.drafters.causal import ArDrafter
 from cure_core.engine import ModelPair, generate_ids
 from cure_core.strategies import build_cure_best_first, redrafts_while_drafting
@@ -60,6 +60,12 @@ def test_the_row_by_row_rule_equals_the_written_out_one(n, width, count, seed, t
     logp = logp.sort(dim=-1, descending=True).values        # a masked candidate sorts last, as from topk
     for depth in (n, n + 1, max(1, n - 2)):
         assert chain_substitutions(ids, logp, count, depth) == written_out_rule(ids, logp, count, depth)
+        # add() says when the set changed (the drafter rebuilds its re-draft rows only then)
+        subs, before = ChainSubstitutions(count, depth), []
+        for r_ids, r_logp in zip(ids[:, : count + 1].tolist(), logp[:, : count + 1].tolist()):
+            changed = subs.add(r_ids, r_logp)
+            assert changed == (subs.best() != before)
+            before = subs.best()
 
 
 def test_the_rule_on_a_prefix_of_the_rows_never_brings_a_candidate_back():

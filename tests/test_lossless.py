@@ -335,6 +335,28 @@ def test_budget_tuner_prices_unsampled_short_chains_per_drafted_step():
     assert ar.choose() == 2 and parallel.choose() == 0
 
 
+def test_budget_tuner_keeps_a_sequential_drafter_off_budget_0_until_drafting_is_priced():
+    """With fewer than 3 blocks pricing a chain drafter's cost, budget 0 would rest on a guessed cost line
+    and, drafting nothing, never correct it: the tuner drafts at its best-rated non-zero budget instead
+    (phase "unpriced"). A block-parallel drafter's tuner and a priced one take budget 0 when it rates best."""
+    from cure_core.budget import BudgetTuner, CostCurve
+
+    curve = CostCurve((0, 1, 2, 4), (100.0, 200.0, 300.0, 500.0))          # CPU-like: no tree pays
+    chain = BudgetTuner(curve, [0, 1, 2, 4], steps=lambda v: v)
+    parallel = BudgetTuner(curve, [0, 1, 2, 4])
+    for t in (chain, parallel):
+        t.observe(tuner_block([], 2, draft_ms=60.0, index=0, drafted=2), 2)         # the prompt's catch-up
+        t.observe(tuner_block([0], 2, draft_ms=60.0, index=1, drafted=2), 2)
+        t.observe(tuner_block([], 2, draft_ms=60.0, index=2, drafted=2), 2)
+        t.blocks = 1
+    assert len(chain.costs) == 2
+    assert parallel.choose() == 0
+    best = chain.best_tree()[0]
+    assert best > 0 and chain.choose() == best and chain.last_phase == "unpriced"
+    chain.observe(tuner_block([], 2, draft_ms=60.0, index=3, drafted=2), best)
+    assert len(chain.costs) == 3 and chain.choose() == 0 and chain.last_phase == "settled"
+
+
 def test_budget_tuner_does_not_price_the_drafters_prompt_catch_up_or_clipped_blocks():
     """Drafters take in the prompt at their first pass of a generation (block 0, or the first drafting block
     after budget-0 blocks): that block's draft time is not what its budget costs. A block clipped by the

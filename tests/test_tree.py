@@ -41,8 +41,8 @@ def test_trie_merge_and_mask_match_brute_force(paths):
     assert (tree.ancestor_matrix() == brute_ancestors(tree)).all()
     # growing the matrix in two steps, as the KV cache does across forwards, gives the same rows
     half = len(tree) // 2
-    first = extend_ancestors(np.zeros((0, 0), dtype=bool), tree.parents[:half], tree.depths[:half])
-    assert (extend_ancestors(first, tree.parents[half:], tree.depths[half:]) == brute_ancestors(tree)).all()
+    first = extend_ancestors(np.zeros((0, 0), dtype=bool), tree.parents[:half])
+    assert (extend_ancestors(first, tree.parents[half:]) == brute_ancestors(tree)).all()
     # one depth level a time (every new node's parent is an old one: the one-step path a chain drafter's
     # batched rows take), with the nodes renumbered depth-first-come
     order = sorted(range(len(tree)), key=lambda i: (tree.depths[i], i))
@@ -52,7 +52,7 @@ def test_trie_merge_and_mask_match_brute_force(paths):
     anc = np.zeros((0, 0), dtype=bool)
     for d in range(1, max(depths) + 1):
         level = [j for j in range(len(order)) if depths[j] == d]
-        anc = extend_ancestors(anc, [parents[j] for j in level], [d] * len(level))
+        anc = extend_ancestors(anc, [parents[j] for j in level])
     relabelled = brute_ancestors(tree)[np.ix_(order, order)]
     assert (anc == relabelled).all()
     # parents before children; siblings hold distinct tokens

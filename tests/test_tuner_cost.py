@@ -13,11 +13,12 @@ def blk(ms, emitted, phase):
 def test_tuning_cost_charges_probes_at_the_settled_rate():
     with benchmark_script("tuner_cost") as mod:
         # settled: 10 ms a token; a warm-up block of 50 ms for 2 tokens costs 30 ms extra, an exploration
-        # block of 25 ms for 3 tokens paid for itself (-5 ms)
-        blocks = [blk(50, 2, "warmup"), blk(20, 2, "settled"), blk(25, 3, "explore"), blk(40, 4, "settled")]
+        # block of 25 ms for 3 tokens paid for itself (-5 ms), an unpriced one of 30 ms for 1 token 20 ms
+        blocks = [blk(50, 2, "warmup"), blk(20, 2, "settled"), blk(25, 3, "explore"), blk(30, 1, "unpriced"),
+                  blk(40, 4, "settled")]
         r = mod.tuning_cost(blocks)
-    assert r["decode_ms"] == 135 and abs(r["tuning_ms"] - 25) < 1e-9 and abs(r["share"] - 25 / 135) < 1e-9
-    assert r["blocks"] == {"warmup": 1, "explore": 1, "settled": 2} and r["tokens"] == 11
+    assert r["decode_ms"] == 165 and abs(r["tuning_ms"] - 45) < 1e-9 and abs(r["share"] - 45 / 165) < 1e-9
+    assert r["blocks"] == {"warmup": 1, "explore": 1, "unpriced": 1, "settled": 2} and r["tokens"] == 12
 
 
 def test_blocks_say_why_the_tuner_chose_their_budget(pair):
@@ -26,4 +27,4 @@ def test_blocks_say_why_the_tuner_chose_their_budget(pair):
     blocks = list(Engine(pair).generate(list(b"def f(x):\n"), DecodeConfig(strategy="cure", k=5, max_new_tokens=60,
                                                                              auto_budget=True)))
     phases = [b.meta["tuning"] for b in blocks]
-    assert phases[:2] == ["warmup", "warmup"] and set(phases) <= {"warmup", "explore", "settled"}
+    assert phases[:2] == ["warmup", "warmup"] and set(phases) <= {"warmup", "explore", "unpriced", "settled"}

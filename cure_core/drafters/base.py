@@ -91,10 +91,11 @@ class ChainSubstitutions:
         self.chain: list[int] = []    # the chain's tokens over the rows added
         self._best: list = []         # [((-score, row, rank), prefix)], best first, at most `count`
 
-    def add(self, ids: list[int], logp: list[float]) -> None:
+    def add(self, ids: list[int], logp: list[float]) -> bool:
         """One drafted row: its candidates best first (target ids) and their log-probs (>= count + 1
-        of each, or all the row has)."""
+        of each, or all the row has). Returns whether the set changed (a candidate of this row entered)."""
         r, best = self.rows, self._best
+        changed = False
         if self.count > 0 and r < self.depth - 1:
             for j in range(1, min(self.count + 1, len(ids))):
                 key = (-(self.joint + logp[j]), r, j)
@@ -104,9 +105,11 @@ class ChainSubstitutions:
                 best.append((key, tuple(self.chain) + (ids[j],)))
                 best.sort(key=lambda e: e[0])
                 del best[self.count:]
+                changed = True
         self.joint += logp[0]
         self.chain.append(ids[0])
         self.rows += 1
+        return changed
 
     def best(self) -> list[tuple[int, ...]]:
         """The set so far, best first: each prefix (chain tokens, then the substitute)."""

@@ -134,16 +134,19 @@ class ArDrafter(_CausalDrafter):
         chain_rows, at = [0], 1                                 # the chain's rows in the steps' rows; rows so far
         nodes: list[int] = []                                   # the chain's scratch node at depth 1..
         live: dict[tuple[int, ...], list] = {}                  # substitution -> [its last node, its tokens, its rows]
+        entries: list[list] = []                                # live's values, in its order
+        feed: list[int] = []                                    # the token each re-draft row feeds next
         for d in range(1, n):                                   # feed depth d, draft row d (depth d + 1)
-            subs.add(*head)                                     # row d - 1
+            changed = subs.add(*head)                           # row d - 1
             if stop_logp is not None and subs.joint < stop_logp:
                 break
-            # a substitution new in the set has len(p) == d: its substitute enters now, under the chain's
-            # node at depth d - 1; older ones feed their last row's top-1
-            live = {p: live.get(p) or [nodes[-1] if len(p) > 1 else -1, [], []] for p in subs.best()}
-            toks = [tokens[-1]] + [ts[-1] if ts else p[-1] for p, (_, ts, _) in live.items()]
-            parents = [nodes[-1] if nodes else -1] + [last for last, _, _ in live.values()]
-            fwd = self.lm.forward(toks, parents)
+            if changed:
+                # a substitution new in the set has len(p) == d: its substitute enters now, under the chain's
+                # node at depth d - 1; older ones feed their last row's top-1
+                live = {p: live.get(p) or [nodes[-1] if len(p) > 1 else -1, [], []] for p in subs.best()}
+                entries = list(live.values())
+                feed = [ts[-1] if ts else p[-1] for p, (_, ts, _) in live.items()]
+            fwd = self.lm.forward([tokens[-1]] + feed, [nodes[-1] if nodes else -1] + [e[0] for e in entries])
             nodes.append(fwd.nodes[0])
             cols, lp = top_k_logprobs(self._scores(fwd, slice(None)), top_k)   # [1 + len(live), k]
             cols = self._ids(cols)
@@ -153,16 +156,19 @@ class ArDrafter(_CausalDrafter):
             head = (best[0], lp[0, : count + 1].tolist())
             tokens.append(best[0][0])
             chain_rows.append(at)
-            for i, entry in enumerate(live.values(), start=1):
+            for i, entry in enumerate(entries, start=1):
                 entry[0] = fwd.nodes[i]
                 entry[1].append(best[i][0])
                 entry[2].append(at + i)
-            at += len(toks)
+                feed[i - 1] = best[i][0]
+            at += 1 + len(entries)
         self.lm.rollback()
+        if not live:                                            # the chain's rows only, in order
+            return Proposal(tokens=tokens, top_ids=torch.cat(steps_ids), top_logprobs=torch.cat(steps_lp))
         # Every row in chain-then-re-draft order, gathered once: [rows, k] each, split per proposal. The last
         # step's set is the final one, best first (rows 0 .. n-2 were all drafted), each re-draft complete.
-        order = torch.tensor(chain_rows + [i for _, _, rows in live.values() for i in rows])
-        sizes = [len(chain_rows)] + [len(rows) for _, _, rows in live.values()]
+        order = torch.tensor(chain_rows + [i for _, _, rows in entries for i in rows])
+        sizes = [len(chain_rows)] + [len(rows) for _, _, rows in entries]
         ids = torch.cat(steps_ids).index_select(0, order).split(sizes)
         lps = torch.cat(steps_lp).index_select(0, order).split(sizes)
         redrafts = {p: Proposal(tokens=ts, top_ids=i, top_logprobs=l)
