@@ -268,7 +268,6 @@ class CachedLM:
         s = self.scratch
         if s == 0:
             return
-        self._clear_rows(0, s)
         if keep == list(range(len(keep))):
             # Fast path: the kept chain is a prefix of the scratch rows; crop the rest.
             self._crop(self.committed + len(keep))
@@ -287,6 +286,7 @@ class CachedLM:
                 dev_idx = idx(layer.keys.device)
                 layer.keys = layer.keys.index_select(-2, dev_idx)   # [B, H, T, D]
                 layer.values = layer.values.index_select(-2, dev_idx)
+        self._clear_rows(0, s)
         self.committed += len(keep)
         self.scratch_tokens = []
         self.scratch_depth = []
