@@ -3,8 +3,9 @@
 Each prompt decodes from a FRESH engine (a new tuner: the worst case; one engine keeps its tuner
 across generations), `--max-new-tokens` tokens with `--v-max auto`. Blocks carry why their budget was
 chosen (Block.meta["tuning"]: warmup | explore | unpriced | settled). The cost of a warm-up, exploration
-or unpriced block (a sequential drafter's tuner kept off budget 0 until drafting is priced) is its time minus what its tokens would have cost at the settled blocks' rate (ms per emitted token,
-same generation); negative when the probe happened to pay. Reported as a share of decode time.
+or unpriced block (a sequential drafter's tuner kept off budget 0 until drafting is priced) is its time
+minus what its tokens would have cost at the settled blocks' rate (ms per emitted token, same
+generation); negative when the probe happened to pay. Reported as a share of decode time.
 
     python benchmarks/tuner_cost.py --sets humaneval@20 --limit 5 --max-new-tokens 256 [--json OUT.json]
 """
@@ -29,7 +30,8 @@ def tuning_cost(blocks) -> dict:
     decode = sum(b.timings.total_ms for b in blocks)
     extra = sum(b.timings.total_ms - len(b.emitted) * rate for b in blocks
                 if rate is not None and b.meta.get("tuning") in ("warmup", "explore", "unpriced"))
-    phases = {p: sum(1 for b in blocks if b.meta.get("tuning") == p) for p in ("warmup", "explore", "unpriced", "settled")}
+    phases = {p: sum(1 for b in blocks if b.meta.get("tuning") == p)
+              for p in ("warmup", "explore", "unpriced", "settled")}
     return {"decode_ms": decode, "tuning_ms": extra, "share": extra / decode if decode else 0.0,
             "tokens": sum(len(b.emitted) for b in blocks), "blocks": phases}
 

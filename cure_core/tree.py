@@ -68,7 +68,9 @@ class DraftTree:
 
     def ancestor_matrix(self) -> np.ndarray:
         """anc[i, j] = node j is node i or one of its ancestors. [N, N] bool."""
-        return extend_ancestors(np.zeros((0, 0), dtype=bool), self.parents)
+        anc = np.zeros((len(self), len(self)), dtype=bool)
+        fill_ancestors(anc, self.parents, 0)
+        return anc
 
 
 def fill_ancestors(anc: np.ndarray, parents, start: int) -> None:
@@ -83,15 +85,6 @@ def fill_ancestors(anc: np.ndarray, parents, start: int) -> None:
         if p >= 0:
             anc[i, :p + 1] = anc[p, :p + 1]
         anc[i, i] = True
-
-
-def extend_ancestors(anc: np.ndarray, parents) -> np.ndarray:
-    """An ancestor-or-self matrix [S, S] grown by N new nodes -> a new [S+N, S+N] bool (fill_ancestors)."""
-    s_old, n = anc.shape[0], len(parents)
-    out = np.zeros((s_old + n, s_old + n), dtype=bool)
-    out[:s_old, :s_old] = anc
-    fill_ancestors(out, parents, s_old)
-    return out
 
 
 def greedy_accept(tree: DraftTree, target_argmax: torch.Tensor) -> list[int]:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from cure_core.config import ConfigError, DecodeConfig
 from cure_core.drafters.base import Proposal
 from cure_core.strategies import build_cure_tree, build_ddtree, select_ufps
-from cure_core.tree import DraftTree, extend_ancestors, greedy_accept
+from cure_core.tree import DraftTree, fill_ancestors, greedy_accept
 
 paths_st = st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=6), min_size=1, max_size=8)
 
@@ -39,20 +39,22 @@ def test_trie_merge_and_mask_match_brute_force(paths):
     prefixes = {tuple(p[:j]) for p in paths for j in range(1, len(p) + 1)}
     assert len(tree) == len(prefixes)
     assert (tree.ancestor_matrix() == brute_ancestors(tree)).all()
-    # growing the matrix in two steps, as the KV cache does across forwards, gives the same rows
+    # filled in two steps into one buffer, as the KV cache does across forwards, gives the same rows
     half = len(tree) // 2
-    first = extend_ancestors(np.zeros((0, 0), dtype=bool), tree.parents[:half])
-    assert (extend_ancestors(first, tree.parents[half:]) == brute_ancestors(tree)).all()
+    anc = np.zeros((len(tree), len(tree)), dtype=bool)
+    fill_ancestors(anc, tree.parents[:half], 0)
+    fill_ancestors(anc, tree.parents[half:], half)
+    assert (anc == brute_ancestors(tree)).all()
     # one depth level a time (every new node's parent is an old one: the one-step path a chain drafter's
     # batched rows take), with the nodes renumbered depth-first-come
     order = sorted(range(len(tree)), key=lambda i: (tree.depths[i], i))
     new_index = {old: new for new, old in enumerate(order)}
     parents = [new_index[tree.parents[i]] if tree.parents[i] >= 0 else -1 for i in order]
     depths = [tree.depths[i] for i in order]
-    anc = np.zeros((0, 0), dtype=bool)
+    anc = np.zeros((len(order), len(order)), dtype=bool)
     for d in range(1, max(depths) + 1):
-        level = [j for j in range(len(order)) if depths[j] == d]
-        anc = extend_ancestors(anc, [parents[j] for j in level])
+        level = [j for j in range(len(order)) if depths[j] == d]      # consecutive: order is by depth
+        fill_ancestors(anc, [parents[j] for j in level], level[0])
     relabelled = brute_ancestors(tree)[np.ix_(order, order)]
     assert (anc == relabelled).all()
     # parents before children; siblings hold distinct tokens
