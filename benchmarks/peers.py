@@ -12,7 +12,10 @@ and defaults): the shipped drafter, K from the drafter, --v-max auto, --draft-vo
 Methods, all greedy (temperature 0), all on the SAME target model object and the same prompts:
 `--sets`, `--limit` prompts each (HumanEval raw completion style; GSM8K and
 custom prompt files through the chat template, as `cure bench` encodes them). Summaries are per set
-and over all of them, so a drafter that only knows code shows as such. `--kernels` (default auto: packed oneDNN
+and over all of them, so a drafter that only knows code shows as such. Attention: cure's engine runs its
+models with cure_core/attention.py's grouped sdpa, transformers' loops with transformers' sdpa (switched
+back around each of their generations); `ddtree:attention=sdpa` runs a cure strategy with transformers'.
+`--kernels` (default auto: packed oneDNN
 matmuls on a float32 CPU, see cure_core/cpu_kernels.py) applies to those shared model objects, so
 transformers' loops run the same kernels as cure's; `--kernels eager` gives stock torch layers.
 
@@ -83,6 +86,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import torch  # noqa: E402
 
+from cure_core.attention import stock_sdpa  # noqa: E402
 from cure_core.options import EngineArgs, parse_list  # noqa: E402
 
 SCHEMA = "cure.peers/1"
@@ -238,8 +242,10 @@ def hf_method(name: str, model, extra: dict, eos: Sequence[int], pad: int | None
         return out[0, len(ids):].tolist(), (t1 - t0) * 1e3, counter.n - start_fwd
 
     def run(ids: list[int], max_new: int) -> dict:
-        _, prefill_ms, _ = generate(ids, 1)          # prefill: the same call, one new token
-        tokens, total_ms, forwards = generate(ids, max_new)
+        # transformers' loops run its own sdpa (cure's engine switched these models to grouped_sdpa)
+        with stock_sdpa([model, extra.get("assistant_model")]):
+            _, prefill_ms, _ = generate(ids, 1)      # prefill: the same call, one new token
+            tokens, total_ms, forwards = generate(ids, max_new)
         decode_tokens = max(len(tokens) - 1, 0)
         decode_ms = max(total_ms - prefill_ms, 0.0)
         return {"tokens": tokens, "prefill_ms": prefill_ms, "total_ms": total_ms, "decode_ms": decode_ms,
@@ -288,10 +294,22 @@ def block_records(blocks, cfg, views=None) -> list[dict]:
     return out
 
 
-def cure_method(strategy: str, engine, cfg, trace: bool = False) -> Method:
+def pair_models(pair) -> list:
+    """The HF models a pair runs: the target and each drafter's own model."""
+    drafters = [pair.drafter, pair.ar_drafter]
+    return [pair.target] + [getattr(d, "model", None) for d in drafters if d is not None]
+
+
+def cure_method(strategy: str, engine, cfg, trace: bool = False, attention: str = "grouped") -> Method:
     from cure_core.metrics import summarize
 
     def run(ids: list[int], max_new: int) -> dict:
+        if attention == "sdpa":                      # the variant `attention=sdpa`: transformers' own
+            with stock_sdpa(pair_models(engine.pair)):
+                return measured(ids, max_new)
+        return measured(ids, max_new)
+
+    def measured(ids: list[int], max_new: int) -> dict:
         c = cfg.with_(max_new_tokens=max_new)
         tuner = engine.tuner_for(c) if trace else None
         views = [] if tuner is not None else None
@@ -315,7 +333,7 @@ def cure_method(strategy: str, engine, cfg, trace: bool = False) -> Method:
                 "k": c.k, "v_max": c.v_max, "auto_budget": c.auto_budget,
                 "blocks": block_records(blocks, c, views)}
 
-    return Method(f"cure_{strategy}", "cure", cfg.to_dict(), run)
+    return Method(f"cure_{strategy}", "cure", {**cfg.to_dict(), "attention": attention}, run)
 
 
 def budget_table(rows: list[dict]) -> dict:
@@ -394,10 +412,13 @@ def build_methods(args, setup: Setup) -> list[Method]:
                                      eos, pad, counter))
     for spec in parse_list(args.strategies):
         s, changes = strategy_variant(spec)
+        attention = changes.pop("attention", "grouped")
         try:
+            if attention not in ("grouped", "sdpa"):
+                raise ConfigError(f"attention={attention}: choose grouped (cure's) or sdpa (transformers')")
             pair.drafter_for(s)
             methods.append(cure_method(spec, setup.engine, setup.config.with_(strategy=s, **changes),
-                                       trace=args.trace_tuner))
+                                       trace=args.trace_tuner, attention=attention))
         except (ConfigError, TypeError) as e:
             setup.skipped.append({"method": f"cure_{spec}", "reason": str(e)})
     return methods
@@ -507,7 +528,8 @@ def _clean(obj):
 
 def parse_args(argv: Sequence[str] | None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--strategies", default="ar,sd,parallel,cure,ddtree", help="comma list of cure strategies; 'cure:lookup=10' runs one with DecodeConfig fields changed")
+    ap.add_argument("--strategies", default="ar,sd,parallel,cure,ddtree", help="comma list of cure strategies; 'cure:lookup=10' runs one with DecodeConfig fields changed, "
+                    "'ddtree:attention=sdpa' with transformers' sdpa (K/V copies) instead of cure_core/attention.py's")
     ap.add_argument("--hf", default="generate,assisted,prompt-lookup", help="transformers methods to run")
     ap.add_argument("--sets", default="humaneval", help="comma list: humaneval, gsm8k, mbpp, lcb-lite, TASK@N (skip "
                     "its first N: held-out ranges, e.g. humaneval@20), or a prompts .jsonl file (cure bench --prompts format)")

@@ -299,7 +299,7 @@ class Engine:
             block = Block(
                 index=index, strategy=cfg.strategy, context_len=ctx, root=root,
                 draft=tuple(proposal.tokens) if proposal is not None else (),
-                margins=tuple(proposal.margins) if proposal is not None else (),
+                margins=proposal.margins if proposal is not None else (),
                 ufps=plan.ufps, nodes=nodes, accepted=tuple(path), winner=winner,
                 branch0_accepted=a0, bonus=bonus, emitted=tuple(emitted),
                 resync=Resync(mode=("winner" if cfg.resync else "branch0") if drafter is not None else "none",

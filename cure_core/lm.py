@@ -26,6 +26,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
 
+from .attention import use_grouped_attention
 from .config import KV_LAYOUTS
 from .cpu_kernels import is_packed
 from .tree import fill_ancestors
@@ -107,6 +108,7 @@ class CachedLM:
         if (static_shapes or compile) and kv != "static":
             raise ValueError("static shapes and compile need the static KV cache")
         self.model = model
+        use_grouped_attention(model)                # masked tree forwards on CPU without K/V copies
         self.config = model.config
         self.device = next(model.parameters()).device
         self.hidden_layers = tuple(hidden_layers)   # hidden_states indices to return (0 = embeddings)

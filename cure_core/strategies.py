@@ -371,7 +371,7 @@ def build_cure_best_first(cfg: DecodeConfig, proposal: Proposal, drafter: Drafte
 # The paper's tree: branch 0 + repair branches at UFPs
 # ---------------------------------------------------------------------------------------------
 
-def select_ufps(cfg: DecodeConfig, margins: list[float]) -> list[tuple[int, float, int]]:
+def select_ufps(cfg: DecodeConfig, margins: Sequence[float]) -> list[tuple[int, float, int]]:
     """(position, margin, budget) for up to max_ufps positions with m_i < tau_margin, most fragile
     first. Budget: u_i = clamp(1 - m_i/s, 0, 1); b_i = b_min + round(u_i (b_max - b_min))."""
     fragile = sorted((m, i) for i, m in enumerate(margins) if m < cfg.tau_margin)[: cfg.max_ufps]

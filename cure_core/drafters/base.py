@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Protocol, Sequence
 
 import torch
@@ -42,10 +43,10 @@ class Proposal:
     # re-drafted while drafting (propose_with_redrafts); empty otherwise
     redrafts: dict = field(default_factory=dict, compare=False)
 
-    @property
-    def margins(self) -> list[float]:
-        """m_i = l_{i,1} - l_{i,2}."""
-        return (self.top_logprobs[:, 0] - self.top_logprobs[:, 1]).tolist()
+    @cached_property
+    def margins(self) -> tuple[float, ...]:
+        """m_i = l_{i,1} - l_{i,2} (read once: the engine's Block and cure's UFPs both ask)."""
+        return tuple((self.top_logprobs[:, 0] - self.top_logprobs[:, 1]).tolist())
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,62 @@
+"""Attention for the models CachedLM runs: transformers' sdpa, except for masked multi-row forwards on CPU.
+
+For a model with grouped K/V heads (Qwen2.5: 14 query heads over 2 K/V heads), transformers' sdpa, given a
+mask and more than one query row, copies every K/V head once per query head (`repeat_kv`) over the whole
+cache before attending. Every tree forward is such a call: the target's verify, and each step of a chain
+drafter drafting several rows (cure's re-drafts). On CPU, torch's sdpa attends grouped heads itself
+(`enable_gqa`) with a mask, with the same result; the copies cost more than the attention past a few
+hundred cached rows (the 0.5B's forward of 16 rows over 700: 197 ms with the copies, 144 ms without,
+2 threads). On other devices, with no mask, or for one query row (transformers packs those), this is
+transformers' function unchanged.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterable, Iterator
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+NAME = "cure_sdpa"
+
+
+def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                 is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+    """query [B, Hq, q, D], key/value [B, Hkv, T, D], attention_mask [B, 1, q, T] -> ([B, q, Hq, D], None)."""
+    grouped = getattr(module, "num_key_value_groups", 1) > 1
+    # Rule: only a masked multi-row forward on CPU, where transformers would copy K/V; the rest as it does.
+    if (not grouped or query.device.type != "cpu" or attention_mask is None or query.shape[2] == 1
+            or kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None
+            or kwargs.get("output_attentions", False) or key.shape[-1] != value.shape[-1]):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, is_causal=is_causal, **kwargs)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, enable_gqa=True)
+    return out.transpose(1, 2).contiguous(), None                       # [B, q, Hq, D]
+
+
+AttentionInterface.register(NAME, grouped_sdpa)
+AttentionMaskInterface.register(NAME, sdpa_mask)          # masks built as for sdpa (HF generate on the same model)
+
+
+def use_grouped_attention(model: torch.nn.Module) -> None:
+    """Switch a model that runs transformers' sdpa to `grouped_sdpa` (other implementations stay)."""
+    if getattr(model.config, "_attn_implementation", None) == "sdpa":
+        model.set_attn_implementation(NAME)
+
+
+@contextmanager
+def stock_sdpa(models: Iterable[torch.nn.Module | None]) -> Iterator[None]:
+    """Within: the given models that run `grouped_sdpa` run transformers' sdpa (benchmarks compare the two,
+    and run transformers' own loops as transformers ships them)."""
+    switched = [m for m in models if m is not None and getattr(m.config, "_attn_implementation", None) == NAME]
+    for m in switched:
+        m.set_attn_implementation("sdpa")
+    try:
+        yield
+    finally:
+        for m in switched:
+            m.set_attn_implementation(NAME)
