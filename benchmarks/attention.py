@@ -1,7 +1,7 @@
 """One tree forward's time with cure's grouped attention against transformers' sdpa (cure_core/attention.py),
 by cached context length and node count, on a real model in one process, interleaved.
 
-    python benchmarks/attention.py [--model qwen-coder-0.5b] [--contexts 150,300,600,1200] [--nodes 1,4,16]
+    python benchmarks/attention.py [--target qwen-coder-0.5b] [--contexts 150,300,600,1200] [--nodes 1,4,16]
                                    [--reps 7] [--threads 2] [--kernels auto] [--json OUT.json]
 
 For each (context, nodes): the context is prefilled once, then a chain of `nodes` new tokens is forwarded
@@ -23,9 +23,11 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 import torch  # noqa: E402
 
 from cure_core.attention import stock_sdpa  # noqa: E402
+from cure_core.embedded import DEFAULT_TARGET  # noqa: E402
 from cure_core.lm import CachedLM  # noqa: E402
+from cure_core.errors import ModelLoadError  # noqa: E402
 from cure_core.models import apply_kernels, load_model  # noqa: E402
-from cure_core.options import parse_list  # noqa: E402
+from cure_core.options import EngineArgs, parse_list  # noqa: E402
 
 
 def timed_forward(lm: CachedLM, tokens: list[int], parents: list[int]) -> float:
@@ -56,13 +58,12 @@ def measure(model, lm: CachedLM, context: int, nodes: int, reps: int) -> dict:
 
 def main(argv=None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="qwen-coder-0.5b", help="an embedded alias or a local model folder")
     ap.add_argument("--contexts", default="150,300,600,1200", help="cached context lengths (rows)")
     ap.add_argument("--nodes", default="1,4,16", help="nodes per forward (a chain)")
     ap.add_argument("--reps", type=int, default=7, help="forwards per variant and cell")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--kernels", default="auto", choices=["auto", "packed", "eager"])
     ap.add_argument("--json", default=None, metavar="OUT.json")
+    EngineArgs.add_cli_args(ap, only=("target", "kernels"))
     args = ap.parse_args(argv)
     try:
         contexts = [int(x) for x in parse_list(args.contexts)]
@@ -72,11 +73,15 @@ def main(argv=None) -> list[dict]:
     if args.reps < 1 or min(contexts + node_counts, default=0) < 1:
         ap.error("--reps, --contexts and --nodes must be >= 1")
     torch.set_num_threads(args.threads)
-    model, _ = load_model(args.model)
-    packed = apply_kernels(args.kernels, [model])
+    args.target = args.target or DEFAULT_TARGET
+    try:
+        model, _ = load_model(args.target)
+        packed = apply_kernels(args.kernels, [model])
+    except ModelLoadError as e:
+        ap.error(str(e))
     lm = CachedLM(model, kv="static", capacity=max(contexts) + max(node_counts) + 8)
     cfg = model.config
-    print(f"{args.model}: {cfg.num_attention_heads} query heads over {cfg.num_key_value_heads} K/V heads; "
+    print(f"{args.target}: {cfg.num_attention_heads} query heads over {cfg.num_key_value_heads} K/V heads; "
           f"kernels {'packed' if packed else 'eager'}; threads {args.threads}; load {os.getloadavg()[0]:.2f}")
     print(f"{'context':>8} {'nodes':>6} {'grouped ms':>11} {'sdpa ms':>9} {'sdpa/grouped':>13}")
     rows = []
@@ -87,7 +92,7 @@ def main(argv=None) -> list[dict]:
             print(f"{context:>8} {nodes:>6} {r['grouped_ms']:>11.1f} {r['sdpa_ms']:>9.1f} {r['sdpa_over_grouped']:>13.2f}",
                   flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps({"model": args.model, "threads": args.threads, "kernels": packed,
+        Path(args.json).write_text(json.dumps({"target": args.target, "threads": args.threads, "kernels": packed,
                                                "load_average_end": list(os.getloadavg()), "reps": args.reps,
                                                "rows": rows}, indent=2))
     return rows

@@ -11,11 +11,12 @@ def test_attention_script_times_both_variants_per_cell_and_refuses_bad_lists(tmp
     target, _ = save_tiny_pair(tmp_path / "pair")
     out = tmp_path / "a.json"
     with benchmark_script("attention") as mod:
-        rows = mod.main(["--model", str(target), "--contexts", "20,40", "--nodes", "1,5", "--reps", "2",
+        rows = mod.main(["--target", str(target), "--contexts", "20,40", "--nodes", "1,5", "--reps", "2",
                          "--threads", "1", "--json", str(out)])
-        with pytest.raises(SystemExit) as bad:
-            mod.main(["--model", str(target), "--nodes", "4,x"])
-    assert bad.value.code == 2
+        for bad_args in (["--target", str(target), "--nodes", "4,x"], ["--target", str(tmp_path / "nope")]):
+            with pytest.raises(SystemExit) as bad:
+                mod.main(bad_args)
+            assert bad.value.code == 2
     assert [(r["context"], r["nodes"]) for r in rows] == [(20, 1), (20, 5), (40, 1), (40, 5)]
     for r in rows:
         assert len(r["grouped_all_ms"]) == len(r["sdpa_all_ms"]) == 2
