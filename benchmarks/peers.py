@@ -304,10 +304,9 @@ def cure_method(strategy: str, engine, cfg, trace: bool = False, attention: str 
     from cure_core.metrics import summarize
 
     def run(ids: list[int], max_new: int) -> dict:
-        if attention == "sdpa":                      # the variant `attention=sdpa`: transformers' own
-            with stock_sdpa(pair_models(engine.pair)):
-                return measured(ids, max_new)
-        return measured(ids, max_new)
+        # the variant `attention=sdpa` runs transformers' own sdpa (stock_sdpa of no models changes nothing)
+        with stock_sdpa(pair_models(engine.pair) if attention == "sdpa" else ()):
+            return measured(ids, max_new)
 
     def measured(ids: list[int], max_new: int) -> dict:
         c = cfg.with_(max_new_tokens=max_new)
