@@ -15,6 +15,8 @@ custom prompt files through the chat template, as `cure bench` encodes them). Su
 and over all of them, so a drafter that only knows code shows as such. Attention: cure's engine runs its
 models with cure_core/attention.py's grouped sdpa, transformers' loops with transformers' sdpa (switched
 back around each of their generations); `ddtree:attention=sdpa` runs a cure strategy with transformers'.
+`cure:draft_dtype=bfloat16` runs a cure strategy over drafters loaded in another dtype: that variant opens
+the pair a second time (its own copy of the target, the same weights and kernels), once per dtype.
 `--kernels` (default auto: packed oneDNN
 matmuls on a float32 CPU, see cure_core/cpu_kernels.py) applies to those shared model objects, so
 transformers' loops run the same kernels as cure's; `--kernels eager` gives stock torch layers.
@@ -151,6 +153,7 @@ class Setup:
     models: dict
     config: object                               # the DecodeConfig the cure methods start from
     engine: object                               # the loaded pair's one Engine (tuners per config)
+    reopen: object = None                        # draft dtype -> an Engine over the pair opened with it
     notes: list[str] = field(default_factory=list)
     skipped: list[dict] = field(default_factory=list)
     tmpdir: object = None                        # keeps --tiny's folder alive
@@ -191,8 +194,17 @@ def load_setup(args) -> Setup:
                   "drafter": loaded.drafter_kind}
     models["kernels"] = loaded.kernels                # every method runs these same model objects
     models["draft_vocab"] = loaded.draft_vocab
+    models["draft_dtype"] = loaded.draft_dtype
+    engines = {loaded.draft_dtype: loaded.engine}
+
+    def reopen(draft_dtype: str):
+        """The `draft_dtype=` variant: the same options with other drafter weights, opened once per dtype."""
+        if draft_dtype not in engines:
+            other = open_pair(engine_args.with_(draft_dtype=draft_dtype), strategies=strategies + chain)
+            engines[draft_dtype] = other.engine
+        return engines[draft_dtype]
     return Setup(pair=pair, tokenizer=loaded.tokenizer, prompts=prompts, models=models, config=loaded.config,
-                 engine=loaded.engine, notes=list(loaded.notes), tmpdir=tmp)
+                 engine=loaded.engine, notes=list(loaded.notes), tmpdir=tmp, reopen=reopen)
 
 
 # ---------------------------------------------------------------- one generation per method
@@ -300,7 +312,8 @@ def pair_models(pair) -> list:
     return [pair.target] + [getattr(d, "model", None) for d in drafters if d is not None]
 
 
-def cure_method(strategy: str, engine, cfg, trace: bool = False, attention: str = "grouped") -> Method:
+def cure_method(strategy: str, engine, cfg, trace: bool = False, attention: str = "grouped",
+                draft_dtype: str | None = None) -> Method:
     from cure_core.metrics import summarize
 
     def run(ids: list[int], max_new: int) -> dict:
@@ -332,7 +345,10 @@ def cure_method(strategy: str, engine, cfg, trace: bool = False, attention: str 
                 "k": c.k, "v_max": c.v_max, "auto_budget": c.auto_budget,
                 "blocks": block_records(blocks, c, views)}
 
-    return Method(f"cure_{strategy}", "cure", {**cfg.to_dict(), "attention": attention}, run)
+    settings = {**cfg.to_dict(), "attention": attention}
+    if draft_dtype is not None:
+        settings["draft_dtype"] = draft_dtype
+    return Method(f"cure_{strategy}", "cure", settings, run)
 
 
 def budget_table(rows: list[dict]) -> dict:
@@ -373,6 +389,7 @@ def strategy_variant(spec: str) -> tuple[str, dict]:
 
 def build_methods(args, setup: Setup) -> list[Method]:
     from cure_core.config import ConfigError
+    from cure_core.errors import ModelLoadError
     pair, tok = setup.pair, setup.tokenizer
     eos = list(pair.eos_ids)
     pad = tok.pad_token_id if tok.pad_token_id is not None else (eos[0] if eos else None)
@@ -412,13 +429,15 @@ def build_methods(args, setup: Setup) -> list[Method]:
     for spec in parse_list(args.strategies):
         s, changes = strategy_variant(spec)
         attention = changes.pop("attention", "grouped")
+        draft_dtype = changes.pop("draft_dtype", None)
         try:
             if attention not in ("grouped", "sdpa"):
                 raise ConfigError(f"attention={attention}: choose grouped (cure's) or sdpa (transformers')")
-            pair.drafter_for(s)
-            methods.append(cure_method(spec, setup.engine, setup.config.with_(strategy=s, **changes),
-                                       trace=args.trace_tuner, attention=attention))
-        except (ConfigError, TypeError) as e:
+            engine = setup.engine if draft_dtype is None else setup.reopen(str(draft_dtype))
+            engine.pair.drafter_for(s)
+            methods.append(cure_method(spec, engine, setup.config.with_(strategy=s, **changes),
+                                       trace=args.trace_tuner, attention=attention, draft_dtype=draft_dtype))
+        except (ConfigError, ModelLoadError, TypeError) as e:
             setup.skipped.append({"method": f"cure_{spec}", "reason": str(e)})
     return methods
 
@@ -528,7 +547,8 @@ def _clean(obj):
 def parse_args(argv: Sequence[str] | None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--strategies", default="ar,sd,parallel,cure,ddtree", help="comma list of cure strategies; 'cure:lookup=10' runs one with DecodeConfig fields changed, "
-                    "'ddtree:attention=sdpa' with transformers' sdpa (K/V copies) instead of cure_core/attention.py's")
+                    "'ddtree:attention=sdpa' with transformers' sdpa (K/V copies) instead of cure_core/attention.py's, "
+                    "'cure:draft_dtype=bfloat16' over drafters in that dtype (the pair opened again)")
     ap.add_argument("--hf", default="generate,assisted,prompt-lookup", help="transformers methods to run")
     ap.add_argument("--sets", default="humaneval", help="comma list: humaneval, gsm8k, mbpp, lcb-lite, TASK@N (skip "
                     "its first N: held-out ranges, e.g. humaneval@20), or a prompts .jsonl file (cure bench --prompts format)")

@@ -69,7 +69,8 @@ class _Running:
 
 def _device_info(args: EngineArgs) -> dict:
     import torch
-    info = {"device": args.device, "dtype": args.dtype, "device_map": args.device_map,
+    info = {"device": args.device, "dtype": args.dtype, "draft_dtype": args.draft_dtype_name(),
+            "device_map": args.device_map,
             "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(), "platform": platform.platform(),
             "processor": platform.processor(),
             "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
@@ -365,7 +366,8 @@ def bench(
               "ar_draft": pair.names.get("ar_draft"), "drafter": args.drafter, "drafter_kind": m.pair.drafter_kind,
               "mask_token_id": args.mask_token_id}
     fingerprint = {"dataset": p.dataset, "data_path": str(p.data) if p.data else None, "models": models,
-                   "device": args.device, "dtype": args.dtype, "device_map": args.device_map, "chat": m.chat,
+                   "device": args.device, "dtype": args.dtype, "draft_dtype": m.pair.draft_dtype,
+                   "device_map": args.device_map, "chat": m.chat,
                    "thinking": m.pair.thinking,
                    "runs": {r.name: r.config.to_dict() for r in m.runs}}
     log = ProgressLog(output_dir, fingerprint, resume)

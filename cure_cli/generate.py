@@ -108,6 +108,7 @@ def generate(
                       "repair_win_rate": stats.repair_win_rate, "mean_tree_size": stats.mean_tree_size},
             "kernels": loaded.kernels,
             "draft_vocab": loaded.draft_vocab,
+            "draft_dtype": loaded.draft_dtype,
         }))
         return
     sys.stdout.write(stream.flush() + "\n")

@@ -1,4 +1,4 @@
-"""Prepacked float32 matmuls for CPU inference (speed only, never the output's meaning).
+"""Prepacked float32 (and bfloat16) matmuls for CPU inference (speed only, never the output's meaning).
 
 Why: on a CPU, torch's default float32 `linear` (MKL sgemm) takes a matrix-vector path for one
 input row but re-packs the whole weight matrix on every call with two or more rows. A verify
@@ -11,7 +11,7 @@ forward then streams every weight once whatever the node count: 133 ms for 1 tok
 Rule: packing changes rounding, not semantics (|error| ~1e-6 relative). Losslessness is about
 the strategies against `ar` on the same model, and every strategy runs the same packed layers.
 
-`pack_linears` swaps every nn.Linear of a float32 CPU model for a PackedLinear in place. The
+`pack_linears` swaps every nn.Linear of a float32 or bfloat16 CPU model for a PackedLinear in place. The
 output head keeps its `weight` Parameter (it is usually tied to the embedding, and drafters read
 it); other layers drop theirs, so memory stays about the same.
 """
@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-KERNELS = ("auto", "packed", "eager")     # auto = packed where it applies (CPU, float32, oneDNN present)
+KERNELS = ("auto", "packed", "eager")     # auto = packed where it applies (CPU, float32 or bfloat16, oneDNN present)
 MIN_ROWS = 4                              # packed matmuls run at least this many rows (see PackedLinear)
 
 
@@ -36,9 +36,18 @@ def unavailable_reason(model: nn.Module) -> str | None:
         w = m.weight
         if w.device.type != "cpu":
             return f"the model is on {w.device.type}, not the CPU"
-        if w.dtype != torch.float32:
-            return f"the model is {str(w.dtype).removeprefix('torch.')}, not float32"
+        # Rule: bfloat16 packs only where oneDNN has bfloat16 kernels (AVX512-BF16, AMX); elsewhere it would
+        # emulate them. A bfloat16 drafter then reads half the bytes of a float32 one per pass.
+        if w.dtype == torch.bfloat16 and not bf16_kernels():
+            return "this CPU has no oneDNN bfloat16 kernels"
+        if w.dtype not in (torch.float32, torch.bfloat16):
+            return f"the model is {str(w.dtype).removeprefix('torch.')}, not float32 or bfloat16"
     return None
+
+
+def bf16_kernels() -> bool:
+    """Whether oneDNN runs bfloat16 matmuls natively on this CPU."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def resolve_kernels(kernels: str, model: nn.Module) -> bool:

@@ -47,6 +47,7 @@ class LoadedPair:
     kernels: str = "eager"        # what `kernels` auto resolved to: packed | eager (cpu_kernels.py)
     config: DecodeConfig = field(default_factory=DecodeConfig)   # what generate() runs unless told otherwise
     draft_vocab: int = 0          # causal drafters' fixed id count (0: the whole vocabulary)
+    draft_dtype: str = "float32"  # the drafters' networks' dtype (--draft-dtype, auto resolved)
     chat: bool | None = None      # chat template for text prompts; None: when the tokenizer has one
     thinking: bool | None = None  # the template's enable_thinking; None: its default (cure_core/thinking.py)
     notes: tuple[str, ...] = ()   # what the defaults changed (e.g. a strategy that cannot run here)
@@ -203,10 +204,13 @@ def _draft_folder_config(name: str) -> tuple[str, dict | None]:
 
 def load_pair(target: str, draft: str | None = None, *, drafter: str = "auto", mask_token_id: int | None = None,
               ar_draft: str | None = None, device: str = "cpu", dtype: str = "float32",
-              device_map: str | None = None, kernels: str = "auto", draft_vocab: int = 0) -> LoadedPair:
+              device_map: str | None = None, kernels: str = "auto", draft_vocab: int = 0,
+              draft_dtype: str | None = None) -> LoadedPair:
     """The target, its tokenizer and the drafters a decode needs, loaded by name. `draft_vocab` N > 0
     limits causal drafters' heads (PARD, AR, the chain draft) to ids < N plus the context's
-    (DraftVocab); a DFlash drafter uses the vocabulary saved in its checkpoint, if any."""
+    (DraftVocab); a DFlash drafter uses the vocabulary saved in its checkpoint, if any. `draft_dtype`:
+    the drafters' networks (a DFlash drafter's own layers; it embeds and reads out with the target's
+    table in the target's dtype); None: `dtype`."""
     if drafter not in DRAFTER_KINDS:
         raise ModelLoadError(f"unknown drafter kind {drafter!r}; choose one of {', '.join(DRAFTER_KINDS)}")
     if kernels not in KERNELS:
@@ -215,6 +219,9 @@ def load_pair(target: str, draft: str | None = None, *, drafter: str = "auto", m
         raise ModelLoadError("`kernels` packed does not combine with `device_map` (accelerate's hooks)")
     if draft_vocab < 0:
         raise ModelLoadError(f"`draft_vocab` must be >= 0 (0: the whole vocabulary), got {draft_vocab}")
+    draft_dtype = draft_dtype or dtype
+    if draft_dtype not in DTYPES:
+        raise ModelLoadError(f"unknown draft dtype {draft_dtype!r}; choose one of float32, float16, bfloat16")
     tmodel, tpath = load_model(target, device, dtype, device_map)
     tok = load_tokenizer(tpath)
     names = {"target": target}
@@ -227,14 +234,14 @@ def load_pair(target: str, draft: str | None = None, *, drafter: str = "auto", m
             raise ModelLoadError(f"{draft!r} is a DFlash drafter, not a causal LM; use `drafter` dflash (or auto)")
         check_tokenizers_match(tok, load_tokenizer(dfolder, required=False), draft)
         with phase(f"loading the DFlash drafter {draft}"):
-            dmodel, dflash_vocab = load_dflash_model(dfolder, tmodel)
+            dmodel, dflash_vocab = load_dflash_model(dfolder, tmodel, DTYPES[draft_dtype])
     elif draft:
-        dmodel, dpath = load_model(draft, draft_device, dtype)
+        dmodel, dpath = load_model(draft, draft_device, draft_dtype)
         check_tokenizers_match(tok, load_tokenizer(dpath, required=False), draft)
     if draft:
         names["draft"] = draft
     if ar_draft and ar_draft != draft:
-        amodel, apath = load_model(ar_draft, draft_device, dtype)
+        amodel, apath = load_model(ar_draft, draft_device, draft_dtype)
         check_tokenizers_match(tok, load_tokenizer(apath, required=False), ar_draft)
     if ar_draft:
         names["ar_draft"] = ar_draft
@@ -245,7 +252,7 @@ def load_pair(target: str, draft: str | None = None, *, drafter: str = "auto", m
     models = [m for m in (tmodel, dmodel, amodel) if m is not None]   # every network a decode runs
     packed = apply_kernels(kernels if not device_map else "eager", models)
     return LoadedPair(pair=pair, tokenizer=tok, drafter_kind=kind, kernels="packed" if packed else "eager",
-                      draft_vocab=draft_vocab)
+                      draft_vocab=draft_vocab, draft_dtype=str(DTYPES[draft_dtype]).removeprefix("torch."))
 
 
 def build_pair(target, draft=None, *, drafter: str = "auto", mask_token_id: int | None = None, ar_draft=None,

@@ -70,9 +70,9 @@ class EngineArgs:
         "torch.compile the target forward over padded static shapes (CUDA graphs on a GPU); the first blocks "
         "compile."))
     kernels: str = _opt("--kernels", default="auto", help=(
-        "CPU float32 matmuls: packed = oneDNN packs every weight once at load, so verifying N nodes costs far "
-        "less than N one-token steps | eager = torch's default | auto = packed where it applies (CPU, float32, "
-        "not --compile). Never changes the output."))
+        "CPU matmuls: packed = oneDNN packs every weight once at load, so verifying N nodes costs far less than "
+        "N one-token steps | eager = torch's default | auto = packed where it applies (CPU, float32, or bfloat16 "
+        "where oneDNN has bfloat16 kernels; not --compile). Never changes the output."))
     draft_vocab: str = _opt("--draft-vocab", default="auto", metavar="N|auto", help=(
         "Causal drafters (PARD, AR, --ar-draft) propose only token ids < N plus the prompt's and output's, so "
         "their head costs a fraction of the full vocabulary's. 0 = the whole vocabulary; auto = 16384 on a CPU, "
@@ -80,6 +80,11 @@ class EngineArgs:
         "Never changes the output."))
     device: str = _opt("--device", default="cpu", help="cpu, cuda, cuda:1, mps ...")
     dtype: str = _opt("--dtype", default="float32", help="float32 (lossless check), float16, bfloat16.")
+    draft_dtype: str = _opt("--draft-dtype", default="auto", help=(
+        "The drafters' own networks (PARD, AR, --ar-draft, DFlash's layers): float32, float16, bfloat16, or "
+        "auto = --dtype. A bfloat16 drafter reads half the bytes per pass (on a CPU with bfloat16 "
+        "instructions, packed too); only proposals change, the target verifies every token. Never changes the "
+        "output."))
     device_map: str | None = _opt("--device-map", default=None, kind=str, help=(
         "Passed to accelerate (e.g. auto) for targets larger than one device."))
     # --- prompt encoding ---
@@ -113,6 +118,11 @@ class EngineArgs:
             raise ConfigError(f"`draft_vocab` takes a number of ids (0: the whole vocabulary) or auto, "
                               f"got {self.draft_vocab!r}")
         return n
+
+    def draft_dtype_name(self) -> str:
+        """`draft_dtype` for loading. Rule: auto is the target's dtype; a drafter's precision changes which
+        tokens it proposes, never which the target accepts (the target verifies every one)."""
+        return self.dtype if self.draft_dtype == "auto" else self.draft_dtype
 
     def load_kernels(self) -> str:
         """`kernels` for loading. Rule: torch.compile cannot trace packed layers (inductor packs on its own),

@@ -28,7 +28,8 @@ def test_json_output_is_one_object_and_lossless(tiny_dirs, tmp_path):
                 "--json", "--trace", tmp_path / f"{strategy}.jsonl")
         assert r.exit_code == 0, r.output
         obj = json.loads(r.stdout)
-        assert set(obj) == {"text", "token_ids", "strategy", "stats", "kernels", "draft_vocab"}
+        assert set(obj) == {"text", "token_ids", "strategy", "stats", "kernels", "draft_vocab", "draft_dtype"}
+        assert obj["draft_dtype"] == "float32"                # --draft-dtype auto: the target's
         assert obj["draft_vocab"] == 16384                   # --draft-vocab auto on a CPU
         assert set(obj["stats"]) == {"tau", "tpot_ms", "tokens_per_s", "blocks", "new_tokens",
                                      "repair_win_rate", "mean_tree_size"}

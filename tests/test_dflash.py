@@ -612,3 +612,16 @@ def test_cli_generate_with_a_dflash_drafter(saved):
     r = runner.invoke(app, ["generate", "hi", "--target", str(tdir), "--draft", str(ddir), "--drafter", "auto",
                             "--json"])
     assert r.exit_code == 0, r.output
+
+
+def test_dflash_layers_in_bfloat16_over_a_float32_target(saved):
+    """--draft-dtype: a DFlash drafter's own layers in bfloat16; it still embeds and reads out with the
+    float32 target's table, and cure still equals ar."""
+    tdir, ddir, _ = saved
+    loaded = load_pair(str(tdir), str(ddir), draft_dtype="bfloat16", kernels="eager")
+    d = loaded.pair.drafter
+    assert d.dtype == torch.bfloat16 and loaded.pair.target.get_input_embeddings().weight.dtype == torch.float32
+    for prompt in (list(b"hey"), list(b"def f(x):\n")):
+        ref = generate_ids(loaded.pair, DecodeConfig(strategy="ar", max_new_tokens=16), prompt)
+        for strategy in ("parallel", "cure", "ddtree"):
+            assert generate_ids(loaded.pair, DecodeConfig(strategy=strategy, k=6, max_new_tokens=16), prompt) == ref

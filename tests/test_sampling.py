@@ -53,16 +53,20 @@ def test_tree_sampling_exact_on_fixed_logits():
 
 
 @pytest.mark.parametrize("cure_tree,kind,lookup", [("paper", "pard", 0), ("best-first", "pard", 0),
-                                                    ("best-first", "ar", 0), ("best-first", "pard", 4)])
+                                                    ("best-first", "ar", 0), ("best-first", "pard", 4),
+                                                    ("best-first", "pard-bf16", 0)])
 def test_engine_first_tokens_follow_target_distribution(cure_tree, kind, lookup):
     """End to end with real models at temperature 1: the first two tokens' joint distribution,
     computed exactly from the target, against cure's samples (both CURE trees; best-first also over
     an AR chain drafter, whose substitutions are re-drafted inside its chain steps; and with prompt lookup
-    grafted, on a prompt that repeats so the lookup matches)."""
+    grafted, on a prompt that repeats so the lookup matches; and with a bfloat16 drafter on the float32
+    target, --draft-dtype)."""
     torch.set_num_threads(1)
     target = tiny_target(seed=3, vocab_size=VOCAB + 1, logit_scale=1.0, max_positions=64)
     draft = perturbed_copy(target, noise=0.3, seed=4)
-    drafter = (PardDrafter(draft, mask_token_id=VOCAB, vocab_size=VOCAB) if kind == "pard"
+    if kind == "pard-bf16":
+        draft = draft.to(torch.bfloat16)
+    drafter = (PardDrafter(draft, mask_token_id=VOCAB, vocab_size=VOCAB) if kind.startswith("pard")
                else ArDrafter(draft, vocab_size=VOCAB))
     pair = ModelPair(target=target, drafter=drafter)
     # the target's own vocabulary includes the mask id; keep it out of the test by checking its mass

@@ -89,6 +89,12 @@ def _table(title: str, *cols: tuple[str, str]) -> Table:
     return t
 
 
+def _draft_dtype_note(device: dict) -> str:
+    """', drafter bfloat16' when the drafters ran in another dtype than the target."""
+    dd = device.get("draft_dtype")
+    return f", drafter {dd}" if dd and dd != device.get("dtype") else ""
+
+
 def print_tables(console: Console, results: dict) -> None:
     metrics: dict = results["metrics"]
     names = list(metrics)
@@ -96,7 +102,7 @@ def print_tables(console: Console, results: dict) -> None:
     with_sd = "sd" in metrics
     title = (f"cure bench {results['dataset']}: {n} prompt(s), temperature {results['config']['temperature']}, "
              f"seed {results['config']['seed']}, K={results['config']['k']}, {results['device']['device']} "
-             f"{results['device']['dtype']}")
+             f"{results['device']['dtype']}" + _draft_dtype_note(results['device']))
     cols = [("run", "left"), ("tau", "right"), ("TPOT ms", "right"), ("tok/s", "right"), ("x ar", "right")]
     cols += [("x sd", "right")] if with_sd else []
     cols += [("match vs ar", "right")]

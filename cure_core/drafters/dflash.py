@@ -460,9 +460,11 @@ def _check_config(raw: dict) -> None:
             number(name, _cfg_get(raw, name))
 
 
-def load_dflash_model(path: str | Path, target_model: nn.Module) -> tuple[DFlashModel, torch.Tensor | None]:
+def load_dflash_model(path: str | Path, target_model: nn.Module,
+                      dtype: torch.dtype | None = None) -> tuple[DFlashModel, torch.Tensor | None]:
     """A DFlash checkpoint folder, checked against the loaded target -> (its network on the target's
-    device/dtype, its draft vocabulary or None). models.build_pair makes the drafter."""
+    device, in `dtype` (default: the target's), its draft vocabulary or None). models.build_pair makes
+    the drafter."""
     from transformers import Qwen3Config
     path = Path(path)
     raw = read_config(path)
@@ -523,7 +525,7 @@ def load_dflash_model(path: str | Path, target_model: nn.Module) -> tuple[DFlash
                              f"{tuple(expected[k].shape)} (config/target mismatch)")
     model.load_state_dict(state, strict=True)
     p = emb.weight
-    model = model.to(device=p.device, dtype=p.dtype).eval()
+    model = model.to(device=p.device, dtype=dtype or p.dtype).eval()
     model.rotary_emb.float()                      # RoPE frequencies stay float32, as in HF loading
     return model, None if draft_vocab is None else draft_vocab.long()
 

@@ -1,0 +1,110 @@
+"""--draft-dtype: drafters in another dtype than the target (a bfloat16 drafter on a float32 target).
+Only proposals change; every strategy still equals ar token for token, packed or not."""
+import copy
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import cure_core.cpu_kernels as K
+from cure_cli.main import app
+from cure_core.config import DecodeConfig
+from cure_core.cpu_kernels import is_packed, pack_linears, resolve_kernels
+from cure_core.engine import generate_ids
+from cure_core.errors import ModelLoadError
+from cure_core.models import load_pair
+from cure_core.options import EngineArgs
+from cure_core.tiny import save_tiny_pair, tiny_target
+
+from conftest import make_pair
+
+SPECULATIVE = ("sd", "parallel", "cure", "ddtree")
+PROMPTS = (list(b"def f(x):\n"), list(b"import os\n"), [1, 2, 3, 4], list(b"the the the "))
+
+
+def bf16_copy(model, packed: bool):
+    m = copy.deepcopy(model).to(torch.bfloat16)
+    if packed:
+        pack_linears(m)
+    return m
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_every_strategy_equals_ar_with_a_bfloat16_drafter(target, drafts, packed):
+    if packed and not K.bf16_kernels():
+        pytest.skip("this CPU has no oneDNN bfloat16 kernels")
+    tgt = copy.deepcopy(target)
+    if packed:
+        pack_linears(tgt)
+    pair = make_pair(tgt, bf16_copy(drafts["mild"], packed))
+    assert next(pair.drafter.model.parameters()).dtype == torch.bfloat16
+    for prompt in PROMPTS:
+        for k, v_max, auto in ((4, 3, False), (6, 12, False), (8, 30, True)):
+            base = DecodeConfig(strategy="ar", k=k, v_max=v_max, auto_budget=auto, max_new_tokens=24, tau_margin=1.0)
+            ref = generate_ids(pair, base, prompt)
+            for strategy in SPECULATIVE:
+                assert generate_ids(pair, base.with_(strategy=strategy), prompt) == ref, (strategy, prompt, k)
+
+
+def test_bfloat16_drafter_still_drafts_what_the_float32_one_does_mostly(target, drafts):
+    """Not a speed claim: the bfloat16 copy's proposals are the float32 drafter's on this tiny pair, so
+    acceptance (tau) stays where it was."""
+    f32, b16 = make_pair(target, drafts["mild"]), make_pair(target, bf16_copy(drafts["mild"], False))
+    from cure_core.engine import Engine
+    cfg = DecodeConfig(strategy="parallel", k=6, max_new_tokens=30)
+    taus = []
+    for pair in (f32, b16):
+        blocks = list(Engine(pair, cfg).generate(list(b"def f(x):\n")))
+        taus.append(sum(len(b.emitted) for b in blocks) / len(blocks))
+    assert taus[1] >= 0.8 * taus[0], taus
+
+
+def test_load_pair_loads_drafters_in_the_draft_dtype(tmp_path):
+    t, d = save_tiny_pair(tmp_path)
+    loaded = load_pair(str(t), str(d), draft_dtype="bfloat16", ar_draft=str(d))
+    assert loaded.draft_dtype == "bfloat16"
+    assert loaded.pair.target.get_output_embeddings().weight.dtype == torch.float32
+    assert loaded.pair.drafter.model.get_output_embeddings().weight.dtype == torch.bfloat16
+    assert loaded.pair.ar_drafter.model is loaded.pair.drafter.model        # a PARD doubles as the chain draft
+    # all or none: both float32 and bfloat16 pack where oneDNN has bfloat16 kernels
+    assert loaded.kernels == ("packed" if K.bf16_kernels() else "eager")
+    assert is_packed(loaded.pair.target) == K.bf16_kernels()
+    prompt = list(b"def g(y):\n")
+    ref = generate_ids(loaded.pair, DecodeConfig(strategy="ar", max_new_tokens=16), prompt)
+    assert generate_ids(loaded.pair, DecodeConfig(strategy="cure", k=6, max_new_tokens=16), prompt) == ref
+    assert load_pair(str(t), str(d)).draft_dtype == "float32"                 # default: the target's dtype
+    with pytest.raises(ModelLoadError, match="unknown draft dtype 'int8'"):
+        load_pair(str(t), str(d), draft_dtype="int8")
+
+
+def test_bfloat16_packs_only_with_onednn_bfloat16_kernels(monkeypatch):
+    b16 = tiny_target(seed=0).to(torch.bfloat16)
+    monkeypatch.setattr(K, "bf16_kernels", lambda: False)
+    assert resolve_kernels("auto", b16) is False
+    with pytest.raises(ValueError, match="no oneDNN bfloat16 kernels"):
+        resolve_kernels("packed", b16)
+    monkeypatch.setattr(K, "bf16_kernels", lambda: True)
+    assert resolve_kernels("auto", b16) is True
+
+
+def test_engine_args_resolve_auto_to_the_target_dtype():
+    assert EngineArgs().draft_dtype_name() == "float32"
+    assert EngineArgs(dtype="bfloat16").draft_dtype_name() == "bfloat16"
+    assert EngineArgs(draft_dtype="bfloat16").draft_dtype_name() == "bfloat16"
+
+
+def test_cli_draft_dtype_reports_and_refuses(tmp_path):
+    t, d = save_tiny_pair(tmp_path)
+    runner = CliRunner()
+    outs = {}
+    for dd in ("float32", "bfloat16"):
+        res = runner.invoke(app, ["generate", "abc", "-t", str(t), "-d", str(d), "-n", "12", "--raw", "--json",
+                                  "--draft-dtype", dd, "--strategy", "cure", "--k", "4"])
+        assert res.exit_code == 0, res.output
+        obj = json.loads(res.stdout)
+        assert obj["draft_dtype"] == dd
+        outs[dd] = obj["token_ids"]
+    assert outs["float32"] == outs["bfloat16"]
+    res = runner.invoke(app, ["generate", "abc", "-t", str(t), "-d", str(d), "-n", "4", "--draft-dtype", "int8"])
+    assert res.exit_code == 2 and "unknown draft dtype 'int8'" in res.output and "Traceback" not in res.output
