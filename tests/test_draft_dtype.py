@@ -108,3 +108,30 @@ def test_cli_draft_dtype_reports_and_refuses(tmp_path):
     assert outs["float32"] == outs["bfloat16"]
     res = runner.invoke(app, ["generate", "abc", "-t", str(t), "-d", str(d), "-n", "4", "--draft-dtype", "int8"])
     assert res.exit_code == 2 and "unknown draft dtype 'int8'" in res.output and "Traceback" not in res.output
+
+
+def test_an_adapted_drafter_merges_in_float32_then_casts_once(tmp_path):
+    """A LoRA delta is merged into the float32 base and the sum cast to bfloat16 once (not added to
+    bfloat16 weights, which would round twice); the drafter still equals ar."""
+    import json as _json
+
+    from safetensors.torch import save_file
+
+    from cure_core.drafters.adapted import load_adapted
+    t, base = save_tiny_pair(tmp_path)
+    lin = "model.layers.0.mlp.up_proj"
+    w = dict(load_pair(str(t), str(base), kernels="eager").pair.drafter.model.named_modules())[lin].weight.detach()
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(2, w.shape[1], generator=gen) * 0.01, torch.randn(w.shape[0], 2, generator=gen) * 0.01
+    folder = tmp_path / "adapted"
+    folder.mkdir()
+    (folder / "config.json").write_text(_json.dumps({"architectures": ["CureAdaptedDrafter"], "cure_adapter": {
+        "base": str(base), "kind": "pard", "mask_token_id": 0, "rank": 2, "alpha": 4.0, "block_size": 4}}))
+    save_file({f"{lin}.lora_A": a, f"{lin}.lora_B": b}, str(folder / "adapter.safetensors"))
+    merged = dict(load_adapted(folder, dtype="bfloat16").model.named_modules())[lin].weight
+    assert merged.dtype == torch.bfloat16
+    assert torch.equal(merged, (w + 2.0 * (b @ a)).to(torch.bfloat16))
+    loaded = load_pair(str(t), str(folder), draft_dtype="bfloat16")
+    prompt = list(b"x = 1\n")
+    ref = generate_ids(loaded.pair, DecodeConfig(strategy="ar", max_new_tokens=12), prompt)
+    assert generate_ids(loaded.pair, DecodeConfig(strategy="cure", k=4, max_new_tokens=12), prompt) == ref

@@ -93,7 +93,9 @@ def load_adapted(folder: str | Path, device: str = "cpu", dtype: str = "float32"
         tensors = load_file(str(folder / ADAPTER_FILE))
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"cannot read {folder / ADAPTER_FILE}: {e}") from None
-    model, base_path = load_model(str(ad["base"]), device, dtype)
+    # Rule: the delta is merged into float32 weights, then cast once: merged in bfloat16 it would be rounded
+    # twice (the base's weight, then the sum), and a LoRA delta is small against the weight it changes.
+    model, base_path = load_model(str(ad["base"]), device, "float32")
     merge_lora(model, tensors, float(ad["alpha"]) / int(ad["rank"]))
     mask = int(ad["mask_token_id"])
     emb = model.get_input_embeddings().weight
@@ -103,6 +105,11 @@ def load_adapted(folder: str | Path, device: str = "cpu", dtype: str = "float32"
         with torch.no_grad():
             # A tied head row changes too: the mask is never proposed, so that row is never used.
             emb[mask] = tensors["mask_embedding"].to(emb.dtype)
+    if dtype != "float32":
+        from ..models import DTYPES
+        if dtype not in DTYPES:
+            raise ModelLoadError(f"unknown dtype {dtype!r}; choose one of float32, float16, bfloat16")
+        model = model.to(DTYPES[dtype])
     model.config.pard_token = mask          # --drafter auto: a causal LM naming its mask token is PARD
     block = ad.get("block_size")
     model.config.pard_block_size = int(block) if block else None
