@@ -15,8 +15,8 @@ custom prompt files through the chat template, as `cure bench` encodes them). Su
 and over all of them, so a drafter that only knows code shows as such. Attention: cure's engine runs its
 models with cure_core/attention.py's grouped sdpa, transformers' loops with transformers' sdpa (switched
 back around each of their generations); `ddtree:attention=sdpa` runs a cure strategy with transformers'.
-`cure:draft_dtype=bfloat16` runs a cure strategy over drafters loaded in another dtype: that variant opens
-the pair a second time (its own copy of the target, the same weights and kernels), once per dtype.
+`cure:draft_dtype=bfloat16` runs a cure strategy over drafters loaded again in another dtype, over the
+same target object (once per dtype).
 `--kernels` (default auto: packed oneDNN
 matmuls on a float32 CPU, see cure_core/cpu_kernels.py) applies to those shared model objects, so
 transformers' loops run the same kernels as cure's; `--kernels eager` gives stock torch layers.
@@ -200,7 +200,8 @@ def load_setup(args) -> Setup:
     def reopen(draft_dtype: str):
         """The `draft_dtype=` variant: the same options with other drafter weights, opened once per dtype."""
         if draft_dtype not in engines:
-            other = open_pair(engine_args.with_(draft_dtype=draft_dtype), strategies=strategies + chain)
+            other = open_pair(engine_args.with_(draft_dtype=draft_dtype), strategies=strategies + chain,
+                              target_of=loaded)
             engines[draft_dtype] = other.engine
         return engines[draft_dtype]
     return Setup(pair=pair, tokenizer=loaded.tokenizer, prompts=prompts, models=models, config=loaded.config,
@@ -548,7 +549,7 @@ def parse_args(argv: Sequence[str] | None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--strategies", default="ar,sd,parallel,cure,ddtree", help="comma list of cure strategies; 'cure:lookup=10' runs one with DecodeConfig fields changed, "
                     "'ddtree:attention=sdpa' with transformers' sdpa (K/V copies) instead of cure_core/attention.py's, "
-                    "'cure:draft_dtype=bfloat16' over drafters in that dtype (the pair opened again)")
+                    "'cure:draft_dtype=bfloat16' over drafters loaded again in that dtype")
     ap.add_argument("--hf", default="generate,assisted,prompt-lookup", help="transformers methods to run")
     ap.add_argument("--sets", default="humaneval", help="comma list: humaneval, gsm8k, mbpp, lcb-lite, TASK@N (skip "
                     "its first N: held-out ranges, e.g. humaneval@20), or a prompts .jsonl file (cure bench --prompts format)")

@@ -30,9 +30,11 @@ def load(**options) -> LoadedPair:
     return open_pair(EngineArgs(**options))
 
 
-def open_pair(args: EngineArgs, strategies: Sequence[str] | None = None) -> LoadedPair:
+def open_pair(args: EngineArgs, strategies: Sequence[str] | None = None,
+              target_of: LoadedPair | None = None) -> LoadedPair:
     """The one opener: models + config for `args`. `strategies`: every strategy the caller may run
-    (bench's runs, chat's live switch); default: `args.strategy` alone.
+    (bench's runs, chat's live switch); default: `args.strategy` alone. `target_of`: an opened pair whose
+    target object this one shares (models.load_pair).
 
     Rules: `args.strategy`, when it cannot run with the default models, falls back to 'ar' with a note
     (an explicit `draft` that fails to load is an error, never a fallback); of several strategies, the
@@ -57,7 +59,8 @@ def open_pair(args: EngineArgs, strategies: Sequence[str] | None = None) -> Load
     def load_with(ar_draft: str | None) -> LoadedPair:
         return load_pair(choice.target, choice.draft, drafter=args.drafter, mask_token_id=args.mask_token_id,
                          ar_draft=ar_draft, device=args.device, dtype=args.dtype, device_map=args.device_map,
-                         kernels=kernels, draft_vocab=draft_vocab, draft_dtype=args.draft_dtype_name())
+                         kernels=kernels, draft_vocab=draft_vocab, draft_dtype=args.draft_dtype_name(),
+                         target_of=target_of)
     try:
         loaded = load_with(choice.ar_draft)
     except ModelLoadError as e:

@@ -205,12 +205,14 @@ def _draft_folder_config(name: str) -> tuple[str, dict | None]:
 def load_pair(target: str, draft: str | None = None, *, drafter: str = "auto", mask_token_id: int | None = None,
               ar_draft: str | None = None, device: str = "cpu", dtype: str = "float32",
               device_map: str | None = None, kernels: str = "auto", draft_vocab: int = 0,
-              draft_dtype: str | None = None) -> LoadedPair:
+              draft_dtype: str | None = None, target_of: "LoadedPair | None" = None) -> LoadedPair:
     """The target, its tokenizer and the drafters a decode needs, loaded by name. `draft_vocab` N > 0
     limits causal drafters' heads (PARD, AR, the chain draft) to ids < N plus the context's
     (DraftVocab); a DFlash drafter uses the vocabulary saved in its checkpoint, if any. `draft_dtype`:
     the drafters' networks (a DFlash drafter's own layers; it embeds and reads out with the target's
-    table in the target's dtype); None: `dtype`."""
+    table in the target's dtype); None: `dtype`. `target_of`: a loaded pair whose target object (and
+    tokenizer and kernels) this one shares instead of loading its own (benchmarks compare drafter
+    dtypes in one process without a second copy of the target)."""
     if drafter not in DRAFTER_KINDS:
         raise ModelLoadError(f"unknown drafter kind {drafter!r}; choose one of {', '.join(DRAFTER_KINDS)}")
     if kernels not in KERNELS:
@@ -222,8 +224,11 @@ def load_pair(target: str, draft: str | None = None, *, drafter: str = "auto", m
     draft_dtype = draft_dtype or dtype
     if draft_dtype not in DTYPES:
         raise ModelLoadError(f"unknown draft dtype {draft_dtype!r}; choose one of float32, float16, bfloat16")
-    tmodel, tpath = load_model(target, device, dtype, device_map)
-    tok = load_tokenizer(tpath)
+    if target_of is None:
+        tmodel, tpath = load_model(target, device, dtype, device_map)
+        tok = load_tokenizer(tpath)
+    else:
+        tmodel, tok = target_of.pair.target, target_of.tokenizer
     names = {"target": target}
     draft_device = device if not device_map else str(next(tmodel.parameters()).device)
     dmodel, dflash_vocab, amodel = None, None, None
@@ -250,6 +255,8 @@ def load_pair(target: str, draft: str | None = None, *, drafter: str = "auto", m
                             vocab_size=len(tok), draft_vocab=draft_vocab, dflash_vocab=dflash_vocab,
                             eos_ids=eos_ids(tmodel, tok), names=names)
     models = [m for m in (tmodel, dmodel, amodel) if m is not None]   # every network a decode runs
+    if target_of is not None:           # the shared target is already what it is: its drafters follow it
+        models, kernels = models[1:], target_of.kernels
     packed = apply_kernels(kernels if not device_map else "eager", models)
     return LoadedPair(pair=pair, tokenizer=tok, drafter_kind=kind, kernels="packed" if packed else "eager",
                       draft_vocab=draft_vocab, draft_dtype=str(DTYPES[draft_dtype]).removeprefix("torch."))

@@ -135,3 +135,17 @@ def test_an_adapted_drafter_merges_in_float32_then_casts_once(tmp_path):
     prompt = list(b"x = 1\n")
     ref = generate_ids(loaded.pair, DecodeConfig(strategy="ar", max_new_tokens=12), prompt)
     assert generate_ids(loaded.pair, DecodeConfig(strategy="cure", k=4, max_new_tokens=12), prompt) == ref
+
+
+def test_a_pair_can_share_another_pairs_target(tmp_path):
+    """load_pair(target_of=...): drafters loaded again in another dtype over the same target object,
+    packed as that target is (benchmarks/peers.py's `draft_dtype=` variant)."""
+    t, d = save_tiny_pair(tmp_path)
+    first = load_pair(str(t), str(d), kernels="eager")
+    other = load_pair(str(t), str(d), kernels="eager", draft_dtype="bfloat16", target_of=first)
+    assert other.pair.target is first.pair.target and other.tokenizer is first.tokenizer
+    assert other.pair.drafter.model is not first.pair.drafter.model and other.draft_dtype == "bfloat16"
+    assert other.kernels == "eager" and not is_packed(other.pair.drafter.model)
+    prompt = list(b"def h(z):\n")
+    ref = generate_ids(first.pair, DecodeConfig(strategy="ar", max_new_tokens=12), prompt)
+    assert generate_ids(other.pair, DecodeConfig(strategy="cure", k=4, max_new_tokens=12), prompt) == ref
