@@ -30,6 +30,13 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.floa
 DRAFTER_KINDS = ("auto", "pard", "ar", "dflash")
 
 
+def torch_dtype(name: str, what: str = "dtype") -> torch.dtype:
+    """A dtype name (float32, fp16, bfloat16 ...) -> torch dtype; an unknown name is one clear error."""
+    if name not in DTYPES:
+        raise ModelLoadError(f"unknown {what} {name!r}; choose one of float32, float16, bfloat16")
+    return DTYPES[name]
+
+
 @dataclass
 class Generation:
     """One finished generation: the text, its token ids, every Block, and the summary stats."""
@@ -100,8 +107,7 @@ def load_model(name: str, device: str = "cpu", dtype: str = "float32", device_ma
     if is_adapted_checkpoint(path):                  # a trained delta over a base model (drafters/adapted.py)
         ad = load_adapted(path, device, dtype)
         return ad.model.eval(), ad.base_path
-    if dtype not in DTYPES:
-        raise ModelLoadError(f"unknown dtype {dtype!r}; choose one of float32, float16, bfloat16")
+    torch_type = torch_dtype(dtype)
     looks_like_path = path.startswith((".", "/", "~")) or path.count("/") > 1
     if not Path(path).exists() and looks_like_path:
         raise ModelLoadError(f"model folder not found: {path}")
@@ -111,7 +117,7 @@ def load_model(name: str, device: str = "cpu", dtype: str = "float32", device_ma
         raise ModelLoadError(
             f"unknown model {name!r}: not a local folder, not an embedded alias (see `cure models`), and not in "
             f"the local Hugging Face cache (this machine loads offline)") from None
-    kwargs = dict(dtype=DTYPES[dtype], local_files_only=True)
+    kwargs = dict(dtype=torch_type, local_files_only=True)
     if device_map:
         kwargs["device_map"] = device_map          # accelerate spreads a large target over devices
     with phase(f"loading {name} ({dtype}, {device_map or device})"):
@@ -221,9 +227,8 @@ def load_pair(target: str, draft: str | None = None, *, drafter: str = "auto", m
         raise ModelLoadError("`kernels` packed does not combine with `device_map` (accelerate's hooks)")
     if draft_vocab < 0:
         raise ModelLoadError(f"`draft_vocab` must be >= 0 (0: the whole vocabulary), got {draft_vocab}")
-    draft_dtype = draft_dtype or dtype
-    if draft_dtype not in DTYPES:
-        raise ModelLoadError(f"unknown draft dtype {draft_dtype!r}; choose one of float32, float16, bfloat16")
+    draft_torch_dtype = torch_dtype(draft_dtype or dtype, "draft dtype")
+    draft_dtype = str(draft_torch_dtype).removeprefix("torch.")
     if target_of is None:
         tmodel, tpath = load_model(target, device, dtype, device_map)
         tok = load_tokenizer(tpath)
@@ -239,7 +244,7 @@ def load_pair(target: str, draft: str | None = None, *, drafter: str = "auto", m
             raise ModelLoadError(f"{draft!r} is a DFlash drafter, not a causal LM; use `drafter` dflash (or auto)")
         check_tokenizers_match(tok, load_tokenizer(dfolder, required=False), draft)
         with phase(f"loading the DFlash drafter {draft}"):
-            dmodel, dflash_vocab = load_dflash_model(dfolder, tmodel, DTYPES[draft_dtype])
+            dmodel, dflash_vocab = load_dflash_model(dfolder, tmodel, draft_torch_dtype)
     elif draft:
         dmodel, dpath = load_model(draft, draft_device, draft_dtype)
         check_tokenizers_match(tok, load_tokenizer(dpath, required=False), draft)
@@ -259,7 +264,7 @@ def load_pair(target: str, draft: str | None = None, *, drafter: str = "auto", m
         models, kernels = models[1:], target_of.kernels
     packed = apply_kernels(kernels if not device_map else "eager", models)
     return LoadedPair(pair=pair, tokenizer=tok, drafter_kind=kind, kernels="packed" if packed else "eager",
-                      draft_vocab=draft_vocab, draft_dtype=str(DTYPES[draft_dtype]).removeprefix("torch."))
+                      draft_vocab=draft_vocab, draft_dtype=draft_dtype)
 
 
 def build_pair(target, draft=None, *, drafter: str = "auto", mask_token_id: int | None = None, ar_draft=None,

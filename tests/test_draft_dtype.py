@@ -113,8 +113,6 @@ def test_cli_draft_dtype_reports_and_refuses(tmp_path):
 def test_an_adapted_drafter_merges_in_float32_then_casts_once(tmp_path):
     """A LoRA delta is merged into the float32 base and the sum cast to bfloat16 once (not added to
     bfloat16 weights, which would round twice); the drafter still equals ar."""
-    import json as _json
-
     from safetensors.torch import save_file
 
     from cure_core.drafters.adapted import load_adapted
@@ -125,7 +123,7 @@ def test_an_adapted_drafter_merges_in_float32_then_casts_once(tmp_path):
     a, b = torch.randn(2, w.shape[1], generator=gen) * 0.01, torch.randn(w.shape[0], 2, generator=gen) * 0.01
     folder = tmp_path / "adapted"
     folder.mkdir()
-    (folder / "config.json").write_text(_json.dumps({"architectures": ["CureAdaptedDrafter"], "cure_adapter": {
+    (folder / "config.json").write_text(json.dumps({"architectures": ["CureAdaptedDrafter"], "cure_adapter": {
         "base": str(base), "kind": "pard", "mask_token_id": 0, "rank": 2, "alpha": 4.0, "block_size": 4}}))
     save_file({f"{lin}.lora_A": a, f"{lin}.lora_B": b}, str(folder / "adapter.safetensors"))
     merged = dict(load_adapted(folder, dtype="bfloat16").model.named_modules())[lin].weight

@@ -84,7 +84,8 @@ def load_adapted(folder: str | Path, device: str = "cpu", dtype: str = "float32"
     """Base model + trained delta -> the ready drafter model and its mask token."""
     from safetensors.torch import load_file
 
-    from ..models import load_model
+    from ..models import load_model, torch_dtype
+    wanted = torch_dtype(dtype)                     # checked before anything loads
     folder = Path(folder)
     ad = adapter_config(folder)
     if is_adapted_checkpoint(str(ad["base"])):
@@ -105,11 +106,8 @@ def load_adapted(folder: str | Path, device: str = "cpu", dtype: str = "float32"
         with torch.no_grad():
             # A tied head row changes too: the mask is never proposed, so that row is never used.
             emb[mask] = tensors["mask_embedding"].to(emb.dtype)
-    if dtype != "float32":
-        from ..models import DTYPES
-        if dtype not in DTYPES:
-            raise ModelLoadError(f"unknown dtype {dtype!r}; choose one of float32, float16, bfloat16")
-        model = model.to(DTYPES[dtype])
+    if wanted != torch.float32:
+        model = model.to(wanted)
     model.config.pard_token = mask          # --drafter auto: a causal LM naming its mask token is PARD
     block = ad.get("block_size")
     model.config.pard_block_size = int(block) if block else None
