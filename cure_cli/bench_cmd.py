@@ -67,9 +67,10 @@ class _Running:
         return Text(" | ".join(parts), style="dim")
 
 
-def _device_info(args: EngineArgs) -> dict:
+def _device_info(args: EngineArgs, draft_dtype: str) -> dict:
+    """draft_dtype: what the loaded pair's drafters run in (`--draft-dtype` auto resolved by load_pair)."""
     import torch
-    info = {"device": args.device, "dtype": args.dtype, "draft_dtype": args.draft_dtype_name(),
+    info = {"device": args.device, "dtype": args.dtype, "draft_dtype": draft_dtype,
             "device_map": args.device_map,
             "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(), "platform": platform.platform(),
             "processor": platform.processor(),
@@ -256,7 +257,7 @@ def write_report(p: Plan, m: Loaded, args: EngineArgs, finished: list[PairResult
     base = m.runs[0].config
     results = report.build_results(
         status=status, dataset=p.dataset, data_path=str(p.data) if p.data else None, limit=p.limit,
-        prompts=len(m.prompts), models=models, versions=versions(), device=_device_info(args),
+        prompts=len(m.prompts), models=models, versions=versions(), device=_device_info(args, m.pair.draft_dtype),
         base_config={kk: v for kk, v in base.to_dict().items() if kk != "strategy"}, runs=m.runs,
         order="interleaved: for each prompt, every run in turn (" + ", ".join(names) + ")",
         warmup=warmup, chat=m.chat, computed=computed, scoring=scoring, skipped=m.skipped,

@@ -59,7 +59,7 @@ def open_pair(args: EngineArgs, strategies: Sequence[str] | None = None,
     def load_with(ar_draft: str | None) -> LoadedPair:
         return load_pair(choice.target, choice.draft, drafter=args.drafter, mask_token_id=args.mask_token_id,
                          ar_draft=ar_draft, device=args.device, dtype=args.dtype, device_map=args.device_map,
-                         kernels=kernels, draft_vocab=draft_vocab, draft_dtype=args.draft_dtype_name(),
+                         kernels=kernels, draft_vocab=draft_vocab, draft_dtype=args.draft_dtype,
                          target_of=target_of)
     try:
         loaded = load_with(choice.ar_draft)

@@ -82,9 +82,9 @@ class EngineArgs:
     dtype: str = _opt("--dtype", default="float32", help="float32 (lossless check), float16, bfloat16.")
     draft_dtype: str = _opt("--draft-dtype", default="auto", help=(
         "The drafters' own networks (PARD, AR, --ar-draft, DFlash's layers): float32, float16, bfloat16, or "
-        "auto = --dtype. A bfloat16 drafter reads half the bytes per pass (on a CPU with bfloat16 "
-        "instructions, packed too); only proposals change, the target verifies every token. Never changes the "
-        "output."))
+        "auto: bfloat16 for causal drafters (PARD, AR) under a float32 target on a CPU whose oneDNN has "
+        "bfloat16 kernels (packed, half the bytes per pass), else --dtype. Only proposals change, the target "
+        "verifies every token. Never changes the output."))
     device_map: str | None = _opt("--device-map", default=None, kind=str, help=(
         "Passed to accelerate (e.g. auto) for targets larger than one device."))
     # --- prompt encoding ---
@@ -119,10 +119,6 @@ class EngineArgs:
                               f"got {self.draft_vocab!r}")
         return n
 
-    def draft_dtype_name(self) -> str:
-        """`draft_dtype` for loading. Rule: auto is the target's dtype; a drafter's precision changes which
-        tokens it proposes, never which the target accepts (the target verifies every one)."""
-        return self.dtype if self.draft_dtype == "auto" else self.draft_dtype
 
     def load_kernels(self) -> str:
         """`kernels` for loading. Rule: torch.compile cannot trace packed layers (inductor packs on its own),

@@ -19,6 +19,7 @@ from cure_core.drafters.dflash import DFlashDrafter, default_target_layer_ids, i
 from cure_core.engine import Engine, ModelPair, generate_ids
 from cure_core.errors import ModelLoadError
 from cure_core.lm import CachedLM
+import cure_core.models as models_module
 from cure_core.models import load_pair
 from cure_core.tiny import BYTE_VOCAB, MASK_ID, byte_tokenizer, perturbed_copy, tiny_target
 
@@ -614,10 +615,13 @@ def test_cli_generate_with_a_dflash_drafter(saved):
     assert r.exit_code == 0, r.output
 
 
-def test_dflash_layers_in_bfloat16_over_a_float32_target(saved):
+def test_dflash_layers_in_bfloat16_over_a_float32_target(saved, monkeypatch):
     """--draft-dtype: a DFlash drafter's own layers in bfloat16; it still embeds and reads out with the
     float32 target's table, and cure still equals ar."""
     tdir, ddir, _ = saved
+    # --draft-dtype auto keeps a DFlash drafter's layers in the target's dtype (the rule is for causal drafters)
+    monkeypatch.setattr(models_module, "bf16_kernels", lambda: True)
+    assert load_pair(str(tdir), str(ddir), draft_dtype="auto").draft_dtype == "float32"
     loaded = load_pair(str(tdir), str(ddir), draft_dtype="bfloat16", kernels="eager")
     d = loaded.pair.drafter
     assert d.dtype == torch.bfloat16 and loaded.pair.target.get_input_embeddings().weight.dtype == torch.float32

@@ -13,7 +13,8 @@ from cure_core.config import DecodeConfig
 from cure_core.cpu_kernels import is_packed, pack_linears, resolve_kernels
 from cure_core.engine import generate_ids
 from cure_core.errors import ModelLoadError
-from cure_core.models import load_pair
+import cure_core.models as M
+from cure_core.models import auto_draft_dtype, load_pair
 from cure_core.options import EngineArgs
 from cure_core.tiny import save_tiny_pair, tiny_target
 
@@ -88,10 +89,36 @@ def test_bfloat16_packs_only_with_onednn_bfloat16_kernels(monkeypatch):
     assert resolve_kernels("auto", b16) is True
 
 
-def test_engine_args_resolve_auto_to_the_target_dtype():
-    assert EngineArgs().draft_dtype_name() == "float32"
-    assert EngineArgs(dtype="bfloat16").draft_dtype_name() == "bfloat16"
-    assert EngineArgs(draft_dtype="bfloat16").draft_dtype_name() == "bfloat16"
+def test_auto_is_bfloat16_for_causal_drafters_where_a_cpu_packs_it(monkeypatch):
+    """--draft-dtype auto: bfloat16 for causal drafters under a float32 target on a CPU with oneDNN bfloat16
+    kernels and kernels that may pack; the target's dtype anywhere else."""
+    monkeypatch.setattr(M, "bf16_kernels", lambda: True)
+    assert auto_draft_dtype("float32", "cpu", None, "auto") == "bfloat16"
+    assert auto_draft_dtype("float32", "cpu", None, "packed") == "bfloat16"
+    assert auto_draft_dtype("float32", "cpu", None, "eager") == "float32"       # compile turns auto to eager
+    assert auto_draft_dtype("float32", "cuda", None, "auto") == "float32"
+    assert auto_draft_dtype("float32", "cpu", "auto", "auto") == "float32"      # accelerate's device map
+    assert auto_draft_dtype("float16", "cpu", None, "auto") == "float16"
+    monkeypatch.setattr(M, "bf16_kernels", lambda: False)
+    assert auto_draft_dtype("float32", "cpu", None, "auto") == "float32"
+    assert EngineArgs().draft_dtype == "auto"                                    # the default: load_pair resolves it
+
+
+@pytest.mark.parametrize("bf16", [True, False])
+def test_load_pair_auto_loads_causal_drafters_by_the_rule(tmp_path, monkeypatch, bf16):
+    monkeypatch.setattr(M, "bf16_kernels", lambda: bf16)
+    t, d = save_tiny_pair(tmp_path)
+    loaded = load_pair(str(t), str(d), draft_dtype="auto", ar_draft=str(d))
+    want = torch.bfloat16 if bf16 else torch.float32
+    assert loaded.draft_dtype == str(want).removeprefix("torch.")
+    assert loaded.pair.drafter.model.get_output_embeddings().weight.dtype == want
+    assert loaded.pair.target.get_output_embeddings().weight.dtype == torch.float32
+    prompt = list(b"def g(y):\n")
+    ref = generate_ids(loaded.pair, DecodeConfig(strategy="ar", max_new_tokens=16), prompt)
+    for strategy in SPECULATIVE:
+        assert generate_ids(loaded.pair, DecodeConfig(strategy=strategy, k=6, max_new_tokens=16), prompt) == ref
+    eager = load_pair(str(t), str(d), draft_dtype="auto", kernels="eager")
+    assert eager.draft_dtype == "float32" and eager.kernels == "eager"
 
 
 def test_cli_draft_dtype_reports_and_refuses(tmp_path):
