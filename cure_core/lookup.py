@@ -80,6 +80,7 @@ class LookupStats:
     engine's generations like the budget tuner."""
     tried: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
+    _path: list[float] = field(default_factory=list, repr=False, compare=False)   # path_logp's, until observe
 
     def logp(self, depth: int) -> float:
         """log-prob of the lookup token at path depth `depth` (1-based) given its parent was accepted."""
@@ -89,7 +90,10 @@ class LookupStats:
         return math.log((a + 1) / (t + 2))
 
     def path_logp(self, n: int) -> list[float]:
-        return [self.logp(d) for d in range(1, n + 1)]
+        """logp(1) .. logp(n), kept until the next observe (each block asks, few blocks change them)."""
+        if len(self._path) < n:
+            self._path = [self.logp(d) for d in range(1, n + 1)]
+        return self._path[:n]
 
     def observe(self, lookup_nodes: Sequence[int], accepted: set[int]) -> None:
         """lookup_nodes: the tree node holding each lookup token, shallow to deep, as far as the tree
@@ -97,6 +101,7 @@ class LookupStats:
         for i, node in enumerate(lookup_nodes):
             if i > 0 and lookup_nodes[i - 1] not in accepted:
                 break                                            # its parent was rejected: not tried
+            self._path = []
             while len(self.tried) <= i:
                 self.tried.append(0)
                 self.accepted.append(0)

@@ -26,6 +26,7 @@ only `advance`s by its new tokens (Engine.generate(..., reuse_prefix=True)).
 """
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -95,17 +96,17 @@ class ChainSubstitutions:
     def add(self, ids: list[int], logp: list[float]) -> bool:
         """One drafted row: its candidates best first (target ids) and their log-probs (>= count + 1
         of each, or all the row has). Returns whether the set changed (a candidate of this row entered)."""
-        r, best = self.rows, self._best
+        r, best, count = self.rows, self._best, self.count
         changed = False
-        if self.count > 0 and r < self.depth - 1:
-            for j in range(1, min(self.count + 1, len(ids))):
+        if count > 0 and r < self.depth - 1:
+            for j in range(1, min(count + 1, len(ids))):
                 key = (-(self.joint + logp[j]), r, j)
                 # a full set keeps a candidate only if it beats the worst kept (candidates come best first)
-                if logp[j] == -math.inf or (len(best) == self.count and key >= best[-1][0]):
+                if logp[j] == -math.inf or (len(best) == count and key >= best[-1][0]):
                     break
-                best.append((key, tuple(self.chain) + (ids[j],)))
-                best.sort(key=lambda e: e[0])
-                del best[self.count:]
+                # keys are distinct (row, rank), so entries order by key alone
+                bisect.insort(best, (key, tuple(self.chain) + (ids[j],)))
+                del best[count:]
                 changed = True
         self.joint += logp[0]
         self.chain.append(ids[0])
