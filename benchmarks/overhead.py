@@ -11,7 +11,7 @@ ceilings): sd, ddtree and best-first cure with its draft stop, the tuner's own w
 (On these tiny models the tuner settles on budget 0, drafting never pays: benchmarks/results/README.md.)
 
     python benchmarks/overhead.py [--blocks 200] [--threads 1] [--budgets 16,32,64] [--drafter pard|ar]
-                                  [--auto] [--json OUT.json]
+                                  [--auto] [--redrafts 0,1,2] [--json OUT.json]
 """
 from __future__ import annotations
 
@@ -91,6 +91,8 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--drafter", default="pard", choices=["pard", "ar"],
                     help="pard: block-parallel (parallel, ddtree, cure both trees); ar: a chain drafter (sd, ddtree, cure)")
     ap.add_argument("--auto", action="store_true", help="--v-max auto: the budget tuner picks each block's budget")
+    ap.add_argument("--redrafts", default="", metavar="R,R,...",
+                    help="also best-first cure with `redrafts` R at each budget (what each re-draft costs in host time)")
     ap.add_argument("--json", default=None, metavar="OUT.json")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -103,6 +105,7 @@ def main(argv=None) -> list[dict]:
     for v in (int(b) for b in args.budgets.split(",")):
         runs += [("ddtree", v, {}), ("cure", v, {"cure_tree": "best-first"})]
         runs += [("cure", v, {"cure_tree": "paper"})] if args.drafter == "pard" else []
+        runs += [("cure", v, {"cure_tree": "best-first", "redrafts": int(r)}) for r in args.redrafts.split(",") if r]
     cfgs = [DecodeConfig(strategy=strategy, v_max=v_max, max_new_tokens=64, kv_cache=args.kv_cache,
                          auto_budget=args.auto, **extra) for strategy, v_max, extra in runs]
     measure(pair, clocks, cfgs, prompt, 10)          # warm-up
@@ -122,7 +125,8 @@ def main(argv=None) -> list[dict]:
     print(f"{'strategy':22} {'v_max':>5} {'mean V':>7} {'max V':>6} {'overhead ms (median)':>21} {'mean':>6} {'p90':>7} "
           f"{'block ms (median)':>18} {'in drafting':>12} {'tree':>6}")
     for r in rows:
-        name = r["strategy"] + (f" {r['cure_tree']}" if "cure_tree" in r else "")
+        name = r["strategy"] + (f" {r['cure_tree']}" if "cure_tree" in r else "") + (
+            f" R={r['redrafts']}" if "redrafts" in r else "")
         print(f"{name:22} {r['v_max']:>5} {r['mean_V']:>7.1f} {r['max_V']:>6} {r['overhead_ms_median']:>21.2f} "
               f"{r['overhead_ms_mean']:>6.2f} {r['overhead_ms_p90']:>7.2f} {r['block_ms_median']:>18.2f} "
               f"{r['draft_host_ms_mean']:>12.2f} {r['tree_ms_mean']:>6.2f}")
