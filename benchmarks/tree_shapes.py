@@ -267,6 +267,11 @@ def record_run(args, shapes, budgets, check):
     """Load the pair as `cure generate` would, generate over the prompt sets, record every block."""
     from cure_core.api import open_pair
     engine_args = EngineArgs.from_cli_args(args).with_(strategy="parallel")
+    if engine_args.draft_dtype == "auto":
+        # Rule: the replay answers re-drafts from one batched call per block, so it is exact only where a row's
+        # draft does not depend on the rows batched with it: true of float32, not of packed bfloat16 GEMMs
+        # (whose kernels change with the row count). auto here is the target's dtype, not bfloat16.
+        engine_args = engine_args.with_(draft_dtype=engine_args.dtype)
     with tempfile.TemporaryDirectory(prefix="cure-shapes-") as tmp:
         if args.tiny:
             from cure_core.tiny import save_tiny_pair

@@ -23,9 +23,6 @@ def test_fresh_prompts_exclude_the_extended_corpus_and_repeat_nothing():
     assert not old & set(texts)
     # the mixes share templates: without the exclusion some would repeat
     assert old & {p.text for p in prompt_mix(64, "mixed", seed=1)}
-    # in the new seed's own order
-    order = [p.text for p in prompt_mix(200, "mixed", seed=1)]
-    assert [order.index(t) for t in texts] == sorted(order.index(t) for t in texts)
 
 
 def test_bad_arguments_exit_2_before_loading(capsys):
