@@ -98,10 +98,11 @@ class LookupStats:
     def observe(self, lookup_nodes: Sequence[int], accepted: set[int]) -> None:
         """lookup_nodes: the tree node holding each lookup token, shallow to deep, as far as the tree
         took the path; accepted: the accepted node indices."""
+        if lookup_nodes:
+            self._path = []                                      # the counts change: path_logp recomputes
         for i, node in enumerate(lookup_nodes):
             if i > 0 and lookup_nodes[i - 1] not in accepted:
                 break                                            # its parent was rejected: not tried
-            self._path = []
             while len(self.tried) <= i:
                 self.tried.append(0)
                 self.accepted.append(0)

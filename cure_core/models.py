@@ -228,12 +228,12 @@ def load_pair(target: str, draft: str | None = None, *, drafter: str = "auto", m
         raise ModelLoadError("`kernels` packed does not combine with `device_map` (accelerate's hooks)")
     if draft_vocab < 0:
         raise ModelLoadError(f"`draft_vocab` must be >= 0 (0: the whole vocabulary), got {draft_vocab}")
-    auto = draft_dtype == "auto"
     # the causal drafters' dtype (PARD, AR, the chain draft) and a DFlash drafter's layers'
-    causal_dtype = auto_draft_dtype(dtype, device, device_map, kernels) if auto else (draft_dtype or dtype)
-    draft_torch_dtype = torch_dtype(dtype if auto else causal_dtype, "draft dtype")
-    flash_dtype = str(draft_torch_dtype).removeprefix("torch.")
-    causal_dtype = str(torch_dtype(causal_dtype, "draft dtype")).removeprefix("torch.")
+    auto = draft_dtype == "auto"
+    causal = torch_dtype(auto_draft_dtype(dtype, device, device_map, kernels) if auto else draft_dtype or dtype,
+                         "draft dtype")
+    draft_torch_dtype = torch_dtype(dtype, "draft dtype") if auto else causal
+    flash_dtype, causal_dtype = (str(t).removeprefix("torch.") for t in (draft_torch_dtype, causal))
     if target_of is None:
         tmodel, tpath = load_model(target, device, dtype, device_map)
         tok = load_tokenizer(tpath)
@@ -269,10 +269,14 @@ def load_pair(target: str, draft: str | None = None, *, drafter: str = "auto", m
         models, kernels = models[1:], target_of.kernels
     packed = apply_kernels(kernels if not device_map else "eager", models)
     # what the drafters run in: one dtype, or a DFlash drafter's and the chain draft's when they differ
-    dtypes = {flash_dtype if kind == "dflash" else causal_dtype} if dmodel is not None else set()
-    dtypes |= {causal_dtype} if amodel is not None else set()
-    named = (dtypes.pop() if len(dtypes) == 1 else f"{flash_dtype} (dflash), {causal_dtype} (chain)" if dtypes
-             else dtype)                                           # no drafter: nothing runs in a draft dtype
+    ran = ({flash_dtype if kind == "dflash" else causal_dtype} if dmodel is not None else set()) | (
+        {causal_dtype} if amodel is not None else set())
+    if not ran:
+        named = dtype                                   # no drafter: nothing runs in a draft dtype
+    elif len(ran) == 1:
+        named = ran.pop()
+    else:
+        named = f"{flash_dtype} (dflash), {causal_dtype} (chain)"
     return LoadedPair(pair=pair, tokenizer=tok, drafter_kind=kind, kernels="packed" if packed else "eager",
                       draft_vocab=draft_vocab, draft_dtype=named)
 

@@ -28,18 +28,18 @@ from cure_core.training.prompt_mix import MIXES, prompt_mix
 def fresh_prompts(n: int, mix: str, seed: int, exclude_seed: int, exclude_n: int) -> list:
     """The first n prompts of the mix of `seed` (in its order) that the mix of `exclude_seed` (its first
     exclude_n) does not hold, each once."""
-    seen = {p.text for p in prompt_mix(exclude_n, mix, seed=exclude_seed)} if exclude_n else set()
-    out = []
+    excluded = {p.text for p in prompt_mix(exclude_n, mix, seed=exclude_seed)} if exclude_n else set()
     pool = n
-    while len(out) < n:
-        out = []
+    while pool <= 20 * n:
+        out, taken = [], set(excluded)
         for p in prompt_mix(pool, mix, seed=seed):
-            if p.text not in seen and all(p.text != q.text for q in out):
+            if p.text not in taken:
+                taken.add(p.text)
                 out.append(p)
-        pool += max(n // 4, 8)
-        if pool > 20 * n:
-            raise SystemExit(f"the {mix} mix of seed {seed} has fewer than {n} new prompts")
-    return out[:n]
+        if len(out) >= n:
+            return out[:n]
+        pool += max(n // 4, 8)          # the mix depends on its size: draw a larger one
+    raise SystemExit(f"the {mix} mix of seed {seed} has fewer than {n} new prompts")
 
 
 def main(argv=None) -> int:
