@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +28,7 @@ from cure_core.options import EngineArgs
 from .bench import report, stats
 from .bench.runner import BenchPrompt, PairResult, ProgressLog, RunSpec, build_runs, interleave, parse_list, run_interleaved, warm_up
 from .bench.scoring import REFUSAL, Scorer, needs_exec, summarize_scores
-from .common import LoggedProgress, err_console, fail, friendly_errors, phase_lines, quiet_transformers
+from .common import LoggedProgress, err_console, fail, friendly_errors, phase_lines, quiet_transformers, sigterm_as_interrupt
 from .options import engine_options, with_flags
 
 WARMUP_TOKENS = 32                              # tokens per warm-up generation
@@ -86,10 +85,6 @@ def _latest_run_dir() -> Path:
     if not dirs:
         fail("--resume needs --output-dir DIR (no earlier run found under runs/)")
     return dirs[-1]
-
-
-def _terminate(signum, frame):
-    raise KeyboardInterrupt
 
 
 # ---------------------------------------------------------------- 1. plan
@@ -343,73 +338,73 @@ def bench(
     *, args: EngineArgs,
 ) -> None:
     """Benchmark decoding strategies on one data set: speed, acceptance, losslessness, task score."""
-    signal.signal(signal.SIGTERM, _terminate)               # `kill` keeps finished work, like Ctrl+C
-    quiet_transformers()
-    from cure_core.trace import TraceWriter
+    with sigterm_as_interrupt():                            # `kill` keeps finished work, like Ctrl+C
+        quiet_transformers()
+        from cure_core.trace import TraceWriter
 
-    if allow_code_exec:
-        from cure_tasks.isolation import isolation_problem
-        if (problem := isolation_problem()):
-            fail(problem)                                   # before any model loads
-    if paper:
-        args = args.with_(cure_tree="paper")
-    if threads:
-        import torch
-        torch.set_num_threads(threads)
-    p = plan(dataset, prompts, data, limit, strategies, ablate, args)
-    vllm_draft = check_engine(engine, p, args)                 # before any model loads
-    with phase_lines():
-        m = load(p, args, args.chat)
-    pair = m.pair.pair
-    if output_dir is None:
-        output_dir = _latest_run_dir() if resume else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
-    models = {"target": pair.names.get("target"), "draft": pair.names.get("draft"),
-              "ar_draft": pair.names.get("ar_draft"), "drafter": args.drafter, "drafter_kind": m.pair.drafter_kind,
-              "mask_token_id": args.mask_token_id}
-    fingerprint = {"dataset": p.dataset, "data_path": str(p.data) if p.data else None, "models": models,
-                   "device": args.device, "dtype": args.dtype, "draft_dtype": m.pair.draft_dtype,
-                   "device_map": args.device_map, "chat": m.chat,
-                   "thinking": m.pair.thinking,
-                   "runs": {r.name: r.config.to_dict() for r in m.runs}}
-    log = ProgressLog(output_dir, fingerprint, resume)
-    scorer = Scorer(allow_code_exec)
-    scoring_note = REFUSAL if (needs_exec(p.problems) and not allow_code_exec) else None
-    for n in p.notes:
-        err_console.print(f"[yellow]note:[/] {n}", highlight=False)
-    for s in m.skipped:
-        err_console.print(f"[yellow]note:[/] {s['strategy']} skipped: {s['reason']}", highlight=False)
-    if scoring_note:
-        err_console.print(f"[yellow]note:[/] {scoring_note}", highlight=False)
+        if allow_code_exec:
+            from cure_tasks.isolation import isolation_problem
+            if (problem := isolation_problem()):
+                fail(problem)                                   # before any model loads
+        if paper:
+            args = args.with_(cure_tree="paper")
+        if threads:
+            import torch
+            torch.set_num_threads(threads)
+        p = plan(dataset, prompts, data, limit, strategies, ablate, args)
+        vllm_draft = check_engine(engine, p, args)                 # before any model loads
+        with phase_lines():
+            m = load(p, args, args.chat)
+        pair = m.pair.pair
+        if output_dir is None:
+            output_dir = _latest_run_dir() if resume else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+        models = {"target": pair.names.get("target"), "draft": pair.names.get("draft"),
+                  "ar_draft": pair.names.get("ar_draft"), "drafter": args.drafter, "drafter_kind": m.pair.drafter_kind,
+                  "mask_token_id": args.mask_token_id}
+        fingerprint = {"dataset": p.dataset, "data_path": str(p.data) if p.data else None, "models": models,
+                       "device": args.device, "dtype": args.dtype, "draft_dtype": m.pair.draft_dtype,
+                       "device_map": args.device_map, "chat": m.chat,
+                       "thinking": m.pair.thinking,
+                       "runs": {r.name: r.config.to_dict() for r in m.runs}}
+        log = ProgressLog(output_dir, fingerprint, resume)
+        scorer = Scorer(allow_code_exec)
+        scoring_note = REFUSAL if (needs_exec(p.problems) and not allow_code_exec) else None
+        for n in p.notes:
+            err_console.print(f"[yellow]note:[/] {n}", highlight=False)
+        for s in m.skipped:
+            err_console.print(f"[yellow]note:[/] {s['strategy']} skipped: {s['reason']}", highlight=False)
+        if scoring_note:
+            err_console.print(f"[yellow]note:[/] {scoring_note}", highlight=False)
 
-    trace_path = output_dir / report.TRACE_FILE
-    base = m.runs[0].config
-    writer = TraceWriter(trace_path, models=pair.names, config=base.to_dict(),
-                         extra={"thinking": m.pair.thinking,
-                                "bench": {"dataset": p.dataset, "runs": {r.name: r.config.to_dict() for r in m.runs}}})
-    try:
-        finished, status = run(p, m, log, writer, scorer, warmup)
-    except BaseException:
-        writer.close("interrupted")
+        trace_path = output_dir / report.TRACE_FILE
+        base = m.runs[0].config
+        writer = TraceWriter(trace_path, models=pair.names, config=base.to_dict(),
+                             extra={"thinking": m.pair.thinking,
+                                    "bench": {"dataset": p.dataset, "runs": {r.name: r.config.to_dict() for r in m.runs}}})
+        try:
+            finished, status = run(p, m, log, writer, scorer, warmup)
+        except BaseException:
+            writer.close("interrupted")
+            log.close()
+            raise
+        writer.close(status)
         log.close()
-        raise
-    writer.close(status)
-    log.close()
 
-    results = write_report(p, m, args, finished, status, scorer, scoring_note, output_dir,
-                           {**models, "names": pair.names}, plot, warmup)
-    vllm_error = None
-    if engine == "vllm" and status == "complete" and results["compared_prompts"]:
-        vllm_error = run_vllm_phase(p, m, args, results, finished, output_dir, vllm_draft, warmup, threads)
-    out_console = err_console if as_json else Console()
-    if results["compared_prompts"]:
-        report.print_tables(out_console, results)
-    else:
-        err_console.print("no prompt finished under every run: nothing to compare yet", highlight=False)
-    err_console.print(f"[dim]results: {output_dir / report.RESULTS_FILE} | samples: "
-                      f"{output_dir / report.SAMPLES_FILE} | trace: {trace_path}[/]", highlight=False)
-    if as_json:
-        print(json.dumps(report.summary(results)))
-    if vllm_error:
-        fail(vllm_error)
-    if status == "interrupted":
-        raise typer.Exit(130)
+        results = write_report(p, m, args, finished, status, scorer, scoring_note, output_dir,
+                               {**models, "names": pair.names}, plot, warmup)
+        vllm_error = None
+        if engine == "vllm" and status == "complete" and results["compared_prompts"]:
+            vllm_error = run_vllm_phase(p, m, args, results, finished, output_dir, vllm_draft, warmup, threads)
+        out_console = err_console if as_json else Console()
+        if results["compared_prompts"]:
+            report.print_tables(out_console, results)
+        else:
+            err_console.print("no prompt finished under every run: nothing to compare yet", highlight=False)
+        err_console.print(f"[dim]results: {output_dir / report.RESULTS_FILE} | samples: "
+                          f"{output_dir / report.SAMPLES_FILE} | trace: {trace_path}[/]", highlight=False)
+        if as_json:
+            print(json.dumps(report.summary(results)))
+        if vllm_error:
+            fail(vllm_error)
+        if status == "interrupted":
+            raise typer.Exit(130)

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import sys
 import time
+from contextlib import contextmanager
 
 import typer
 from rich.console import Console
@@ -21,6 +23,26 @@ err_console = Console(stderr=True)
 def fail(message: str, code: int = 2) -> None:
     err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+@contextmanager
+def sigterm_as_interrupt():
+    """Inside the block, `kill` (SIGTERM) interrupts like Ctrl+C, so long work keeps what it finished; the
+    previous handler comes back after (a command run in-process, as tests do, must not leave it behind).
+    Off the main thread signals cannot be handled: the block runs unchanged."""
+    try:
+        previous = signal.signal(signal.SIGTERM, _interrupt)
+    except ValueError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def friendly_errors(fn):

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import signal
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -11,7 +10,7 @@ import typer
 
 from cure_core.options import EngineArgs
 
-from .common import err_console, fail, friendly_errors, open_models, quiet_transformers
+from .common import err_console, fail, friendly_errors, open_models, quiet_transformers, sigterm_as_interrupt
 from .options import engine_options, with_flags
 
 
@@ -36,10 +35,6 @@ class TextStream:
         text = self.tok.decode(self.ids, skip_special_tokens=True)
         delta, self.text = text[len(self.text):], text
         return delta
-
-
-def _terminate(signum, frame):
-    raise KeyboardInterrupt             # `kill` keeps what was generated, like Ctrl+C
 
 
 def check_trace_path(trace: Path) -> None:
@@ -78,21 +73,21 @@ def generate(
     blocks = []
     writer = TraceWriter(trace, models=loaded.pair.names, config=cfg.to_dict(),
                          extra={"thinking": loaded.thinking}) if trace else None
-    signal.signal(signal.SIGTERM, _terminate)
     try:
-        if writer:
-            writer.begin(ids, prompt, cfg.strategy, cfg.to_dict())
-        for block in loaded.engine.generate(ids, cfg):
-            blocks.append(block)
+        with sigterm_as_interrupt():                     # `kill` keeps what was generated, like Ctrl+C
             if writer:
-                writer.block(block)
-            delta = stream.push(block.emitted)
-            if not as_json and delta:
-                sys.stdout.write(delta)
-                sys.stdout.flush()
-        if writer:
-            writer.end()
-            writer.close()
+                writer.begin(ids, prompt, cfg.strategy, cfg.to_dict())
+            for block in loaded.engine.generate(ids, cfg):
+                blocks.append(block)
+                if writer:
+                    writer.block(block)
+                delta = stream.push(block.emitted)
+                if not as_json and delta:
+                    sys.stdout.write(delta)
+                    sys.stdout.flush()
+            if writer:
+                writer.end()
+                writer.close()
     except BaseException:
         if writer:
             writer.abort() if not blocks else writer.close("interrupted")

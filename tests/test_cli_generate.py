@@ -171,3 +171,23 @@ def test_sigterm_keeps_what_was_generated_like_ctrl_c(tiny_dirs, tmp_path):
     got = read_trace(trace)
     assert got.footer["status"] == "interrupted" and got.generations[0].blocks
     assert not list(tmp_path.glob("*.part"))
+
+
+def test_an_in_process_run_leaves_the_sigterm_handler_as_it_found_it(tiny_dirs):
+    import signal
+    t, d = tiny_dirs
+    before = signal.getsignal(signal.SIGTERM)
+    r = gen("hello", "--target", t, "--draft", d, "-n", 4)
+    assert r.exit_code == 0, r.output
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_sigterm_as_interrupt_interrupts_inside_only():
+    import os
+    import signal
+    from cure_cli.common import sigterm_as_interrupt
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt):
+        with sigterm_as_interrupt():
+            os.kill(os.getpid(), signal.SIGTERM)            # the handler runs before kill returns to Python
+    assert signal.getsignal(signal.SIGTERM) is before

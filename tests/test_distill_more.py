@@ -30,3 +30,38 @@ def test_bad_arguments_exit_2_before_loading(capsys):
     assert mod.main(["--target", "nope", "--seed", "1", "--out", "corpus.txt"]) == 2
     assert "--out must be a .jsonl file" in capsys.readouterr().err
     assert mod.main(["--target", "nope", "--seed", "0", "--exclude-prompts", "8", "--out", "c.jsonl"]) == 2
+
+
+def write_header(path, meta, specs):
+    import json
+    from cure_core.training.distill import prompts_sha
+    path.write_text(json.dumps({"meta": dict(meta, prompts=len(specs), prompts_sha=prompts_sha(specs))}) + "\n")
+
+
+def test_exclude_corpus_rebuilds_the_extended_corpora_recursively(tmp_path):
+    mod = load_script()
+    first = prompt_mix(48, "mixed", seed=0)
+    second = mod.fresh_prompts(48, "mixed", seed=1, exclude_seed=0, exclude_n=48)
+    write_header(tmp_path / "a.jsonl", {"mix": "mixed", "seed": 0}, first)
+    write_header(tmp_path / "b.jsonl", {"mix": "mixed", "seed": 1, "excludes": {"seed": 0, "prompts": 48}}, second)
+    from cure_core.training.distill import read_corpus
+    metas = [read_corpus(tmp_path / n)[0] for n in ("a.jsonl", "b.jsonl")]
+    assert [p.text for p in mod.meta_prompts(metas[1])] == [p.text for p in second]
+    both = {p.text for p in first + second}
+    third = mod.fresh_prompts(48, "mixed", seed=2, excluded=both)
+    assert len({p.text for p in third}) == 48 and not both & {p.text for p in third}
+    # a header written by --exclude-corpus (a list of the excluded headers) rebuilds too
+    write_header(tmp_path / "c.jsonl", {"mix": "mixed", "seed": 2, "excludes": metas}, third)
+    assert [p.text for p in mod.meta_prompts(read_corpus(tmp_path / "c.jsonl")[0])] == [p.text for p in third]
+
+
+def test_exclude_corpus_whose_prompts_cannot_be_rebuilt_exits_2(tmp_path, capsys):
+    mod = load_script()
+    write_header(tmp_path / "a.jsonl", {"mix": "mixed", "seed": 0}, prompt_mix(16, "mixed", seed=3))
+    assert mod.main(["--target", "nope", "--seed", "1", "--exclude-corpus", str(tmp_path / "a.jsonl"),
+                     "--out", str(tmp_path / "c.jsonl")]) == 2
+    assert "cannot rebuild the prompts" in capsys.readouterr().err
+    assert mod.main(["--target", "nope", "--seed", "1", "--exclude-corpus", str(tmp_path / "missing.jsonl"),
+                     "--out", str(tmp_path / "c.jsonl")]) == 2
+    assert "--exclude-corpus" in capsys.readouterr().err
+    assert not (tmp_path / "c.jsonl").exists()

@@ -10,6 +10,15 @@ templates, so about one prompt in eight would repeat), into a corpus file that t
     python training/distill_more.py --target qwen-coder-1.5b --mix mixed --seed 1 --prompts 384 \\
         --exclude-seed 0 --exclude-prompts 384 --tokens 96 --batch 32 \\
         --out training/qwen-coder-1.5b-pard-full/corpus/self-distill-seed1.jsonl
+
+`--exclude-corpus FILE.jsonl` (repeatable) excludes the prompts of an existing corpus file instead: they
+are rebuilt from its header (seed, count, and what IT excluded, recursively) and must match the header's
+prompts sha, so a corpus that extends several others repeats none of their prompts:
+
+    python training/distill_more.py --target qwen-coder-1.5b --mix mixed --seed 2 --prompts 384 \\
+        --exclude-corpus training/qwen-coder-1.5b-pard-full/corpus/self-distill.jsonl \\
+        --exclude-corpus training/qwen-coder-1.5b-pard-full/corpus/self-distill-seed1.jsonl \\
+        --tokens 96 --batch 32 --out training/qwen-coder-1.5b-pard-full/corpus/self-distill-seed2.jsonl
 """
 from __future__ import annotations
 
@@ -21,14 +30,17 @@ import torch
 
 from cure_core.cpu_kernels import pack_linears, unavailable_reason
 from cure_core.models import load_model, load_tokenizer
-from cure_core.training.distill import distill
+from cure_core.training.distill import distill, prompts_sha, read_corpus
 from cure_core.training.prompt_mix import MIXES, prompt_mix
 
 
-def fresh_prompts(n: int, mix: str, seed: int, exclude_seed: int, exclude_n: int) -> list:
-    """The first n prompts of the mix of `seed` (in its order) that the mix of `exclude_seed` (its first
-    exclude_n) does not hold, each once."""
-    excluded = {p.text for p in prompt_mix(exclude_n, mix, seed=exclude_seed)} if exclude_n else set()
+def fresh_prompts(n: int, mix: str, seed: int, exclude_seed: int = 0, exclude_n: int = 0,
+                  excluded: set | None = None) -> list:
+    """The first n prompts of the mix of `seed` (in its order) that neither the mix of `exclude_seed` (its
+    first exclude_n) nor the texts `excluded` hold, each once."""
+    excluded = set(excluded or ())
+    if exclude_n:
+        excluded |= {p.text for p in prompt_mix(exclude_n, mix, seed=exclude_seed)}
     pool = n
     while pool <= 20 * n:
         out, taken = [], set(excluded)
@@ -42,6 +54,22 @@ def fresh_prompts(n: int, mix: str, seed: int, exclude_seed: int, exclude_n: int
     raise SystemExit(f"the {mix} mix of seed {seed} has fewer than {n} new prompts")
 
 
+def meta_prompts(meta: dict) -> list:
+    """The prompts a corpus header describes, rebuilt: the plain mix of its seed, or (a corpus this script
+    wrote) its seed's fresh prompts minus what it excluded, a legacy {seed, prompts} or a list of headers."""
+    mix, seed, n = meta["mix"], meta["seed"], meta["prompts"]
+    ex = meta.get("excludes")
+    if ex is None:
+        specs = prompt_mix(n, mix, seed=seed)
+    elif isinstance(ex, dict):
+        specs = fresh_prompts(n, mix, seed, ex["seed"], ex["prompts"])
+    else:
+        specs = fresh_prompts(n, mix, seed, excluded={p.text for m in ex for p in meta_prompts(m)})
+    if prompts_sha(specs) != meta["prompts_sha"]:
+        raise ValueError(f"cannot rebuild the prompts of the {mix} mix, seed {seed} (sha differs)")
+    return specs
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", required=True, help="embedded alias, folder or HF id")
@@ -50,6 +78,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", type=int, default=384)
     ap.add_argument("--exclude-seed", type=int, default=0, help="the seed of the corpus this one extends")
     ap.add_argument("--exclude-prompts", type=int, default=0, help="its prompt count (0: exclude nothing)")
+    ap.add_argument("--exclude-corpus", action="append", default=[], metavar="FILE.jsonl",
+                    help="a corpus file whose prompts to exclude (repeatable; rebuilt from its header)")
     ap.add_argument("--tokens", type=int, default=96, help="greedy tokens per prompt")
     ap.add_argument("--batch", type=int, default=32, help="prompts per batched generate()")
     ap.add_argument("--threads", type=int, default=2)
@@ -61,14 +91,28 @@ def main(argv=None) -> int:
     if args.seed == args.exclude_seed and args.exclude_prompts:
         print("error: --seed must differ from --exclude-seed", file=sys.stderr)
         return 2
+    if args.exclude_corpus and args.exclude_prompts:
+        print("error: give --exclude-corpus or --exclude-seed/--exclude-prompts, not both", file=sys.stderr)
+        return 2
+    metas, excluded = [], set()
+    for f in args.exclude_corpus:
+        try:
+            meta = read_corpus(f)[0]
+            if meta is None or meta.get("mix") != args.mix or meta.get("seed") == args.seed:
+                raise ValueError(f"its header is not a {args.mix}-mix corpus of another seed")
+            excluded |= {p.text for p in meta_prompts(meta)}
+        except (OSError, ValueError, KeyError) as e:
+            print(f"error: --exclude-corpus {f}: {e}", file=sys.stderr)
+            return 2
+        metas.append(meta)
     torch.set_num_threads(args.threads)
-    specs = fresh_prompts(args.prompts, args.mix, args.seed, args.exclude_seed, args.exclude_prompts)
+    specs = fresh_prompts(args.prompts, args.mix, args.seed, args.exclude_seed, args.exclude_prompts, excluded)
     model, path = load_model(args.target, "cpu", "float32")
     if unavailable_reason(model) is None:
         pack_linears(model)
     tok = load_tokenizer(path)
-    meta = {"target": args.target, "mix": args.mix, "seed": args.seed,
-            "excludes": {"seed": args.exclude_seed, "prompts": args.exclude_prompts}}
+    excludes = metas or {"seed": args.exclude_seed, "prompts": args.exclude_prompts}
+    meta = {"target": args.target, "mix": args.mix, "seed": args.seed, "excludes": excludes}
     t0 = time.monotonic()
     done = [0]
 
