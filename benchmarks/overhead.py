@@ -5,7 +5,9 @@ Every strategy runs at the same node budgets; cure runs both trees (best-first, 
 run interleaved, one generation each in turn, so other jobs' load falls on all of them. Where the host
 time goes: `in drafting` (the engine's draft timing minus the drafter's forwards: a chain drafter's
 per-step bookkeeping, top-k, cache masks) and `tree` (tree building), both means. The goal (#13): cure's
-overhead at most ddtree's + 0.3 ms.
+overhead at most ddtree's + 0.3 ms. Two runs' medians differed by more than that, so the goal's figure
+is paired: within each round, cure's mean overhead minus ddtree's at the same budget, then the median,
+mean and 95% interval of those differences over the rounds.
 `--drafter ar --auto`: an autoregressive chain drafter under the budget tuner (the budgets are the
 ceilings): sd, ddtree and best-first cure with its draft stop, the tuner's own work counted as overhead.
 (On these tiny models the tuner settles on budget 0, drafting never pays: benchmarks/results/README.md.)
@@ -16,8 +18,10 @@ ceilings): sd, ddtree and best-first cure with its draft stop, the tuner's own w
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
+import random
 import statistics
 import time
 from pathlib import Path
@@ -69,16 +73,38 @@ def one_generation(engine, clocks, cfg, prompt) -> list[dict]:
                         "draft_host_ms": block.timings.draft_ms - draft * 1e3, "tree_ms": block.timings.tree_ms})
 
 
-def measure(pair, clocks, cfgs, prompt, blocks_wanted) -> list[list[dict]]:
+def measure(pair, clocks, cfgs, prompt, blocks_wanted) -> tuple[list[list[dict]], list[list[float]]]:
     """Per config, whole generations until `blocks_wanted` blocks, interleaved generation by generation
-    (one round runs every config once), so that load from other jobs falls on every strategy alike."""
+    (one round runs every config once, in a new random order each round, so no config always follows
+    the same one), so that load from other jobs falls on every strategy alike. Each generation starts
+    from a collected heap: a config pays for its own garbage, not for the previous config's.
+    Returns (blocks per config, and per round the mean overhead of each config's generation in ms)."""
     engine = Engine(pair)
+    rng = random.Random(0)
     per_cfg: list[list[dict]] = [[] for _ in cfgs]
+    rounds: list[list[float]] = []
     while any(len(b) < blocks_wanted for b in per_cfg):
-        for cfg, blocks in zip(cfgs, per_cfg):
-            if len(blocks) < blocks_wanted:
-                blocks += one_generation(engine, clocks, cfg, prompt)
-    return per_cfg
+        order = list(range(len(cfgs)))
+        rng.shuffle(order)
+        means = [float("nan")] * len(cfgs)
+        for c in order:
+            gc.collect()
+            got = one_generation(engine, clocks, cfgs[c], prompt)
+            per_cfg[c] += got
+            means[c] = statistics.mean(r["overhead_ms"] for r in got) if got else float("nan")
+        rounds.append(means)
+    return per_cfg, rounds
+
+
+def paired(rounds: list[list[float]], a: int, b: int) -> dict:
+    """Config a's overhead minus config b's, paired within each round (the two ran seconds apart, so a
+    drift in the box's load cancels): median and mean over rounds, and the mean's 95% interval
+    (normal approximation; the rounds are independent generations)."""
+    d = [r[a] - r[b] for r in rounds if r[a] == r[a] and r[b] == r[b]]
+    half = 1.96 * statistics.stdev(d) / len(d) ** 0.5 if len(d) > 1 else float("nan")
+    mean = statistics.mean(d)
+    return {"rounds": len(d), "median_ms": statistics.median(d), "mean_ms": mean,
+            "ci95_ms": [mean - half, mean + half]}
 
 
 def main(argv=None) -> list[dict]:
@@ -110,7 +136,8 @@ def main(argv=None) -> list[dict]:
                          auto_budget=args.auto, **extra) for strategy, v_max, extra in runs]
     measure(pair, clocks, cfgs, prompt, 10)          # warm-up
     rows = []
-    for (strategy, v_max, extra), res in zip(runs, measure(pair, clocks, cfgs, prompt, args.blocks)):
+    per_cfg, rounds = measure(pair, clocks, cfgs, prompt, args.blocks)
+    for (strategy, v_max, extra), res in zip(runs, per_cfg):
         oh = [r["overhead_ms"] for r in res]
         rows.append({"strategy": strategy, "v_max": v_max, **extra, "blocks": len(res),
                      "mean_V": statistics.mean(r["V"] for r in res), "max_V": max(r["V"] for r in res),
@@ -130,10 +157,22 @@ def main(argv=None) -> list[dict]:
         print(f"{name:22} {r['v_max']:>5} {r['mean_V']:>7.1f} {r['max_V']:>6} {r['overhead_ms_median']:>21.2f} "
               f"{r['overhead_ms_mean']:>6.2f} {r['overhead_ms_p90']:>7.2f} {r['block_ms_median']:>18.2f} "
               f"{r['draft_host_ms_mean']:>12.2f} {r['tree_ms_mean']:>6.2f}")
+    # the goal's comparison, paired round by round: every cure config against ddtree at its budget
+    diffs = []
+    for i, (strategy, v_max, extra) in enumerate(runs):
+        if strategy == "cure":
+            j = next(k for k, r in enumerate(runs) if r[0] == "ddtree" and r[1] == v_max)
+            diffs.append({"v_max": v_max, **extra, **paired(rounds, i, j)})
+    print(f"\npaired per round (cure - ddtree at the same budget), ms: {'':8} {'median':>7} {'mean':>7} {'95% interval':>16}")
+    for d in diffs:
+        name = f"cure {d['cure_tree']}" + (f" R={d['redrafts']}" if "redrafts" in d else "")
+        print(f"{name:22} {d['v_max']:>5} {d['rounds']:>4} rounds {d['median_ms']:>+7.2f} {d['mean_ms']:>+7.2f} "
+              f"[{d['ci95_ms'][0]:+.2f}, {d['ci95_ms'][1]:+.2f}]")
     if args.json:
         Path(args.json).write_text(json.dumps({"threads": args.threads, "kv_cache": args.kv_cache,
                                                "drafter": args.drafter, "auto_budget": args.auto,
-                                               "load_average": list(os.getloadavg()), "rows": rows}, indent=2))
+                                               "load_average": list(os.getloadavg()), "rows": rows,
+                                               "paired_cure_minus_ddtree": diffs}, indent=2))
     return rows
 
 

@@ -21,4 +21,17 @@ def test_overhead_runs_each_strategy_at_each_budget_for_both_drafter_kinds(tmp_p
         assert r["draft_host_ms_mean"] + r["tree_ms_mean"] < r["overhead_ms_mean"]
     saved = json.loads((tmp_path / "ar.json").read_text())
     assert saved["drafter"] == "ar" and saved["auto_budget"] is False and saved["rows"] == ar
+    # the goal's figure, paired within rounds: one per cure config, against ddtree at its budget
+    (d,) = saved["paired_cure_minus_ddtree"]
+    assert d["v_max"] == 16 and d["cure_tree"] == "best-first" and d["rounds"] >= 1
+    assert d["ci95_ms"][0] <= d["mean_ms"] <= d["ci95_ms"][1] or d["rounds"] == 1
     assert "drafter: ar; budgets: fixed" in capsys.readouterr().out
+
+
+def test_paired_differences_cancel_a_drift_shared_by_a_round():
+    with benchmark_script("overhead") as mod:
+        # the box slows down round by round; config 1 always costs 0.5 ms more than config 0
+        rounds = [[10.0 * k, 10.0 * k + 0.5] for k in range(1, 6)] + [[float("nan"), 3.0]]
+        d = mod.paired(rounds, 1, 0)
+    assert d["rounds"] == 5                                   # a round where one config made no block is left out
+    assert d["median_ms"] == d["mean_ms"] == 0.5 and d["ci95_ms"] == [0.5, 0.5]
