@@ -107,6 +107,12 @@ def paired(rounds: list[list[float]], a: int, b: int) -> dict:
             "ci95_ms": [mean - half, mean + half]}
 
 
+def label(strategy: str, extra: dict) -> str:
+    """A config's name in the tables: the strategy, cure's tree and a fixed re-draft count R."""
+    return strategy + (f" {extra['cure_tree']}" if "cure_tree" in extra else "") + (
+        f" R={extra['redrafts']}" if "redrafts" in extra else "")
+
+
 def main(argv=None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--blocks", type=int, default=200)
@@ -152,9 +158,7 @@ def main(argv=None) -> list[dict]:
     print(f"{'strategy':22} {'v_max':>5} {'mean V':>7} {'max V':>6} {'overhead ms (median)':>21} {'mean':>6} {'p90':>7} "
           f"{'block ms (median)':>18} {'in drafting':>12} {'tree':>6}")
     for r in rows:
-        name = r["strategy"] + (f" {r['cure_tree']}" if "cure_tree" in r else "") + (
-            f" R={r['redrafts']}" if "redrafts" in r else "")
-        print(f"{name:22} {r['v_max']:>5} {r['mean_V']:>7.1f} {r['max_V']:>6} {r['overhead_ms_median']:>21.2f} "
+        print(f"{label(r['strategy'], r):22} {r['v_max']:>5} {r['mean_V']:>7.1f} {r['max_V']:>6} {r['overhead_ms_median']:>21.2f} "
               f"{r['overhead_ms_mean']:>6.2f} {r['overhead_ms_p90']:>7.2f} {r['block_ms_median']:>18.2f} "
               f"{r['draft_host_ms_mean']:>12.2f} {r['tree_ms_mean']:>6.2f}")
     # the goal's comparison, paired round by round: every cure config against ddtree at its budget
@@ -165,8 +169,7 @@ def main(argv=None) -> list[dict]:
             diffs.append({"v_max": v_max, **extra, **paired(rounds, i, j)})
     print(f"\npaired per round (cure - ddtree at the same budget), ms: {'':8} {'median':>7} {'mean':>7} {'95% interval':>16}")
     for d in diffs:
-        name = f"cure {d['cure_tree']}" + (f" R={d['redrafts']}" if "redrafts" in d else "")
-        print(f"{name:22} {d['v_max']:>5} {d['rounds']:>4} rounds {d['median_ms']:>+7.2f} {d['mean_ms']:>+7.2f} "
+        print(f"{label('cure', d):22} {d['v_max']:>5} {d['rounds']:>4} rounds {d['median_ms']:>+7.2f} {d['mean_ms']:>+7.2f} "
               f"[{d['ci95_ms'][0]:+.2f}, {d['ci95_ms'][1]:+.2f}]")
     if args.json:
         Path(args.json).write_text(json.dumps({"threads": args.threads, "kv_cache": args.kv_cache,
