@@ -14,8 +14,8 @@ the budget the tuner chose. But the tuner sees MODELLED timings, not measured on
              1.5B run showed)
 
 and every rule is scored on the same clock: modelled tok/s = tokens / the sum of modelled block times
-(prefill excluded; a generation's first drafting block pays --catch-up ms more, the drafter taking in the
-prompt). The same prompts and seeds under different rules therefore differ by the rules' choices only,
+(prefill excluded; a generation's first drafting block pays `catch_up` ms more, the drafter taking in the
+prompt as it did before the engine's prefill step took it in: kept so that earlier lab runs stay comparable). The same prompts and seeds under different rules therefore differ by the rules' choices only,
 and the spread over seeds is how much the noise moves where a rule settles. The clock is a model
 (labelled so in every output): its c0/c1 defaults are the 1.5B pair's fitted lines at 2 threads
 (benchmarks/results/README.md); it says which rule settles better, `peers.py` says how fast.

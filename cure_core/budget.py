@@ -15,7 +15,8 @@ the machine (steep on a CPU, nearly flat on a GPU up to dozens of tokens). So th
 The first blocks use the warm-up budget: the largest candidate whose verification costs at most
 `warmup_cost` one-token steps (the ceiling on a GPU's flat curve; 16-32 nodes on a CPU, where the
 ceiling's 65-node forward costs several tokens). Then an exploration block now and then tries the next budget up,
-so the estimates just above the chosen one stay fresh without paying for the largest trees. The
+so the estimates just above the chosen one stay fresh without paying for the largest trees (or, over a
+block-parallel drafter, the next one down while its drafting cost is unsampled: `exploration`). The
 exploration interval starts at `explore_every` blocks and doubles (up to `explore_max`) while the
 best budget does not move, so a settled choice costs almost nothing to keep checking.
 Budget 0 is a candidate too: no draft, a plain ar step (no drafting cost). Where no tree pays, e.g.
@@ -404,17 +405,17 @@ class BudgetTuner:
         else:
             rated = [(r, v) for v in self.candidates if (r := self.rate(v)) is not None]
             choice = max(rated, key=lambda rv: (rv[0], -rv[1]))[1] if rated else self.ceiling
-            bigger = [v for v in self.candidates if v > choice]
-            if self.blocks >= self.next_explore and bigger:
-                # Rule: explore one step above the best, so a(V) stays fresh there. The interval doubles
-                # (up to explore_max) while the best has not moved since the last exploration, and falls
-                # back to explore_every when it moves: settled at budget 0 on a CPU, exploring V=1 every
-                # 8th block would cost several percent for good.
+            probe = self.exploration(choice)
+            if self.blocks >= self.next_explore and probe is not None:
+                # Rule: explore next to the best (`exploration`), so the estimates there stay fresh. The
+                # interval doubles (up to explore_max) while the best has not moved since the last exploration,
+                # and falls back to explore_every when it moves: settled at budget 0 on a CPU, exploring V=1
+                # every 8th block would cost several percent for good.
                 same = choice == self.settled
                 self.interval = min(2 * self.interval, self.explore_max) if same else self.explore_every
                 self.settled = choice
                 self.next_explore = self.blocks + self.interval
-                choice = bigger[0]
+                choice = probe
                 self.probe = (choice, self.expected_accept(choice))
                 self.last_phase = "explore"
             if choice == 0 and self.steps is not None and len(self.costs) < self.priced_before_zero:
@@ -432,6 +433,25 @@ class BudgetTuner:
         self.last_choice = choice
         self.last_prediction = self.predicted_speedup(choice)
         return choice
+
+    def exploration(self, best: int) -> int | None:
+        """The budget an exploration block tries when the best is `best`: one step up, so a(V) stays fresh
+        there; but one step down first where a block-parallel drafter's cost there is unsampled. Rule: a
+        block-parallel drafter's C_d grows with the budget (cure's re-drafts: the 1.5B showcase pair's PARD
+        drafter paid 70 ms a block at budget 4, 96 at 8 and 136 at 12), and `drafting_ms` prices a budget
+        below every sample at the smallest sampled one's cost: too high, and nothing corrected it, since
+        explorations only went up and every block's a(V) already told the smaller budget's acceptance. A
+        tuner whose warm-up blocks sampled 12 and 16 only then ran a held-out HumanEval run's first 75
+        blocks at 12 (1.7x ar per block) and never tried 8 (2.2x) until its acceptance estimates moved
+        (benchmarks/results/showcase_qwen15b_pard7697_cpu). A sequential drafter's cost line prices every
+        budget from any samples, so it explores up only. None: nothing to explore."""
+        if self.steps is None:
+            below = [v for v in self.candidates if 0 < v < best]
+            sampled = {c.budget for c in self.costs[-self.window:]}
+            if below and below[-1] not in sampled:
+                return below[-1]
+        bigger = [v for v in self.candidates if v > best]
+        return bigger[0] if bigger else None
 
     def best_tree(self) -> tuple[int, float] | None:
         """(budget, predicted speedup over ar) of the best non-zero budget: what budget 0 was chosen over."""
@@ -456,10 +476,12 @@ class BudgetTuner:
         if block.index == 0:
             self.fresh = True
         if budget > 0 and block.tree_size > 0:            # C_d is the cost of drafting blocks only
-            # Rule: drafters take in the prompt lazily, at their first pass of a generation (block 0, or the
-            # first after budget-0 blocks): a cost per generation that no budget causes, 2-7 drafted steps
-            # of an AR draft. Counted as a C_d sample it priced the budget that happened to open a prompt
-            # (a 1.5B pair's tuner drafted 1-node chains for 180 blocks because 2 nodes "cost" 338 ms).
+            # Rule: a generation's first drafting block is no sample. Drafters once took in the prompt at their
+            # first pass (now the engine's prefill step does, unless the generation opens at budget 0), and
+            # one that skipped drafting catches up on the skipped tokens at its next pass: a cost that no
+            # budget causes, 2-7 drafted steps of an AR draft. Counted as a C_d sample it priced the budget
+            # that happened to open a prompt (a 1.5B pair's tuner drafted 1-node chains for 180 blocks
+            # because 2 nodes "cost" 338 ms).
             if not self.fresh and not clipped:
                 self.costs.append(DraftCost(budget, len(block.draft), t.draft_ms + t.tree_ms + t.commit_ms))
                 self._line = self._survival = None

@@ -221,6 +221,12 @@ class Engine:
                 drafter.advance(context[reused:], hidden)
             else:
                 drafter.reset(context, hidden)
+            # Rule: the drafter takes in the prompt here, inside the prefill step and its time (time to first
+            # token, as the target's prompt pass), not in the first block's drafting; a first block that
+            # drafted the whole prompt cost 3-4 blocks' drafting and, counted as decode, was a generation's
+            # cost that no block causes. Skipped where the tuner's last budget was 0: it may not draft at all.
+            if tuner is None or tuner.last_choice > 0:
+                drafter.prefill()
         state.target_ids = list(context)
         state.drafter_ids = list(context)
         state.reused = reused

@@ -148,6 +148,7 @@ def test_cure_over_an_ar_chain_stops_drafting_where_the_chain_gets_unlikely(targ
     class Cycle:                                       # each candidate budget in turn, thresholds in turn
         def __init__(self):
             self.n, self.last_prediction, self.last_phase, self.candidates = 0, None, "settled", budgets
+            self.last_choice = budgets[0]
 
         def choose(self):
             self.n += 1
@@ -199,7 +200,7 @@ def test_a_block_with_no_room_to_draft_under_a_draft_stop(target, drafts, monkey
     from cure_core.engine import Engine
 
     class Fixed:                                       # budget 4, stop at p = 0.5, every block
-        last_prediction, last_phase, candidates = None, "settled", [0, 4]
+        last_prediction, last_phase, candidates, last_choice = None, "settled", [0, 4], 4
 
         def choose(self):
             return 4

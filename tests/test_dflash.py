@@ -308,6 +308,9 @@ class CheckedDFlash:
         self.committed += list(tokens)
         self.inner.advance(tokens, hidden)
 
+    def prefill(self):
+        self.inner.prefill()
+
     def propose(self, root, n, top_k):
         assert self.inner.context_len == len(self.committed)
         ours = self.inner.forward_blocks([[root] + [MASK_ID] * n])[0][1:]

@@ -228,6 +228,7 @@ def test_blocks_without_a_draft_keep_the_drafter_in_sync(target, strategy, monke
         def __init__(self):
             self.n, self.last_prediction, self.last_phase = 0, None, "settled"
             self.candidates = [0, 4]
+            self.last_choice = 0                       # the drafter is not prefilled: its first pass catches up
 
         def choose(self):
             self.n += 1
@@ -258,6 +259,25 @@ def test_blocks_without_a_draft_keep_the_drafter_in_sync(target, strategy, monke
             assert len(b.accepted) == len(b.draft), b.index
         else:
             assert len(b.accepted) >= 1, b.index
+
+
+@pytest.mark.parametrize("strategy", ["parallel", "cure", "sd"])
+def test_the_drafter_takes_in_the_prompt_in_the_prefill_step(target, drafts, strategy, monkeypatch):
+    """The engine's prefill step prefills the drafter too: its first pass is over the prompt (but its last
+    token, the first root) before block 0, and block 0's drafting pass feeds the root (and masks) only.
+    The output still equals ar's."""
+    pair = make_pair(target, drafts["mild"])
+    drafter = pair.ar_drafter if strategy == "sd" else pair.drafter
+    calls, forward = [], drafter.lm.forward
+    monkeypatch.setattr(drafter.lm, "forward", lambda tokens, parents: calls.append(len(tokens)) or forward(tokens, parents))
+    prompt = list(b"def fib(n):\n    ")
+    cfg = DecodeConfig(strategy=strategy, k=8, max_new_tokens=24)
+    gen = Engine(pair, cfg).generate(prompt)
+    first = next(gen)
+    assert calls[0] == len(prompt) - 1 and first.timings.prefill_tokens == len(prompt) - 1
+    assert 1 <= calls[1] <= cfg.k - 1                                # block 0: root (+ masks), no prompt
+    out = list(first.emitted) + [t for b in gen for t in b.emitted]
+    assert out == generate_ids(pair, cfg.with_(strategy="ar"), prompt)
 
 
 def test_budget_tuner_explores_ever_more_rarely_while_the_best_stays_put():
@@ -333,6 +353,38 @@ def test_budget_tuner_prices_unsampled_short_chains_per_drafted_step():
     assert ar.drafting_ms(20) == pytest.approx(280.0)                # between samples: interpolated
     assert parallel.drafting_ms(2) == pytest.approx(280.0)           # one pass at any budget
     assert ar.choose() == 2 and parallel.choose() == 0
+
+
+def test_budget_tuner_explores_down_where_a_block_parallel_drafters_cost_is_unsampled():
+    """A block-parallel drafter whose drafting grows with the budget (cure's re-drafts): 50 / 60 / 120 / 140 ms
+    at budgets 4 / 8 / 12 / 16; the target accepts nodes 0, 1, 5 and 9, so budget 8 is best (4 tokens / 200
+    ms). The warm-up samples drafting at 16 only, so every budget is priced at 140 ms and 12 wins; from 12,
+    budget 8 is priced at 12's 120 ms. Explorations that only went up never sampled 8 and stayed on 12 (the
+    control); exploring down while the budget below is unsampled finds 8 at the first exploration."""
+    from cure_core.budget import BudgetTuner, CostCurve
+
+    class UpOnly(BudgetTuner):                         # the rule before: explore one step up only
+        def exploration(self, best):
+            bigger = [v for v in self.candidates if v > best]
+            return bigger[0] if bigger else None
+
+    curve = CostCurve((0, 16), (100.0, 180.0))                       # C_v = 100 + 5 V
+    cost = {4: 50.0, 8: 60.0, 12: 120.0, 16: 140.0}
+
+    def run(tuner):
+        choices = []
+        for _ in range(60):
+            v = tuner.choose()
+            choices.append(v)
+            tuner.observe(tuner_block([i for i in (0, 1, 5, 9) if i < v], v, draft_ms=cost.get(v, 0.0)), v)
+        return choices
+
+    down, up = run(BudgetTuner(curve, [0, 4, 8, 12, 16])), run(UpOnly(curve, [0, 4, 8, 12, 16]))
+    assert up[3:].count(12) >= 50 and 8 not in up                   # the control: stuck on 12
+    first = down.index(8)
+    assert first == 2 + 8 - 1                                        # the first exploration: one step down
+    assert down[first:].count(8) >= 45                               # ...and 8 wins from then on
+    assert 4 in down[first:]                                         # whose own budget below gets sampled
 
 
 def test_budget_tuner_keeps_a_sequential_drafter_off_budget_0_until_drafting_is_priced():

@@ -137,6 +137,11 @@ class Drafter(Protocol):
 
     def advance(self, tokens: Sequence[int], hidden: torch.Tensor | None) -> None: ...
 
+    def prefill(self) -> None:
+        """Take in the context given by reset/advance now, in one pass, so that the next propose feeds only
+        its root. The engine calls it in its prefill step: the drafter's pass over the prompt is part of the
+        time to first token, as the target's is, not of the first block's drafting."""
+
 
 def proposals(rows: Sequence[torch.Tensor], top_k: int, to_ids=lambda cols: cols) -> list[Proposal]:
     """Per branch [L_j, C] draft logits -> its Proposal (top-k over the columns, mapped to target ids),

@@ -88,6 +88,12 @@ class _CausalDrafter:
         if self.vocab is not None:
             self.vocab.add(tokens)
 
+    def prefill(self) -> None:
+        # the pending tokens (the prompt, at step 0) committed as one chain; the root comes with the next pass
+        if self.pending:
+            self.lm.prefill(self.pending)
+            self.pending = []
+
     def _feed_root(self, root: int, extra: Sequence[int]) -> torch.Tensor:
         """One chain pass over pending + [root] + extra; commits pending + root. Returns the scores
         from the root on ([1 + len(extra), C])."""

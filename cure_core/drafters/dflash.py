@@ -279,6 +279,9 @@ class DFlashDrafter:
         if self.vocab is not None:
             self.vocab.add(tokens)
 
+    def prefill(self) -> None:
+        self._flush()                           # the pending context rows projected now, not at the next draft
+
     @torch.inference_mode()
     def _flush(self) -> None:
         """Project the pending hidden rows into context K/V rows, written in place after the first T."""
