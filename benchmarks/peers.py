@@ -15,8 +15,9 @@ custom prompt files through the chat template, as `cure bench` encodes them). Su
 and over all of them, so a drafter that only knows code shows as such. Attention: cure's engine runs its
 models with cure_core/attention.py's grouped sdpa, transformers' loops with transformers' sdpa (switched
 back around each of their generations); `ddtree:attention=sdpa` runs a cure strategy with transformers'.
-`cure:draft_dtype=bfloat16` runs a cure strategy over drafters loaded again in another dtype, over the
-same target object (once per dtype).
+`cure:draft_dtype=bfloat16` runs a cure strategy over drafters loaded again in another dtype, and
+`cure:draft=PATH` over another draft checkpoint (e.g. a trained drafter against the alias's default), over
+the same target object (opened once per draft and dtype).
 `--kernels` (default auto: packed oneDNN
 matmuls on a float32 CPU, see cure_core/cpu_kernels.py) applies to those shared model objects, so
 transformers' loops run the same kernels as cure's; `--kernels eager` gives stock torch layers.
@@ -153,7 +154,7 @@ class Setup:
     models: dict
     config: object                               # the DecodeConfig the cure methods start from
     engine: object                               # the loaded pair's one Engine (tuners per config)
-    reopen: object = None                        # draft dtype -> an Engine over the pair opened with it
+    reopen: object = None                        # (draft, draft dtype) -> an Engine over the pair opened with them
     notes: list[str] = field(default_factory=list)
     skipped: list[dict] = field(default_factory=list)
     tmpdir: object = None                        # keeps --tiny's folder alive
@@ -195,15 +196,20 @@ def load_setup(args) -> Setup:
     models["kernels"] = loaded.kernels                # every method runs these same model objects
     models["draft_vocab"] = loaded.draft_vocab
     models["draft_dtype"] = loaded.draft_dtype
-    engines = {loaded.draft_dtype: loaded.engine}
+    # the opened pair answers for its options' dtype (e.g. auto) and for the dtype that resolved to
+    engines = {(engine_args.draft, engine_args.draft_dtype): loaded.engine,
+               (engine_args.draft, loaded.draft_dtype): loaded.engine}
 
-    def reopen(draft_dtype: str):
-        """The `draft_dtype=` variant: the same options with other drafter weights, opened once per dtype."""
-        if draft_dtype not in engines:
-            other = open_pair(engine_args.with_(draft_dtype=draft_dtype), strategies=strategies + chain,
+    def reopen(draft: str | None = None, draft_dtype: str | None = None):
+        """The `draft=` / `draft_dtype=` variants: the same options with another draft checkpoint or other
+        drafter weights, opened once per (draft, dtype) over the same target object."""
+        draft = engine_args.draft if draft is None else draft
+        draft_dtype = engine_args.draft_dtype if draft_dtype is None else draft_dtype
+        if (draft, draft_dtype) not in engines:
+            other = open_pair(engine_args.with_(draft=draft, draft_dtype=draft_dtype), strategies=strategies + chain,
                               target_of=loaded)
-            engines[draft_dtype] = other.engine
-        return engines[draft_dtype]
+            engines[(draft, draft_dtype)] = other.engine
+        return engines[(draft, draft_dtype)]
     return Setup(pair=pair, tokenizer=loaded.tokenizer, prompts=prompts, models=models, config=loaded.config,
                  engine=loaded.engine, notes=list(loaded.notes), tmpdir=tmp, reopen=reopen)
 
@@ -314,7 +320,7 @@ def pair_models(pair) -> list:
 
 
 def cure_method(strategy: str, engine, cfg, trace: bool = False, attention: str = "grouped",
-                draft_dtype: str | None = None) -> Method:
+                draft_dtype: str | None = None, draft: str | None = None) -> Method:
     from cure_core.metrics import summarize
 
     def run(ids: list[int], max_new: int) -> dict:
@@ -349,6 +355,8 @@ def cure_method(strategy: str, engine, cfg, trace: bool = False, attention: str 
     settings = {**cfg.to_dict(), "attention": attention}
     if draft_dtype is not None:
         settings["draft_dtype"] = draft_dtype
+    if draft is not None:
+        settings["draft"] = str(draft)
     return Method(f"cure_{strategy}", "cure", settings, run)
 
 
@@ -431,13 +439,17 @@ def build_methods(args, setup: Setup) -> list[Method]:
         s, changes = strategy_variant(spec)
         attention = changes.pop("attention", "grouped")
         draft_dtype = changes.pop("draft_dtype", None)
+        draft = changes.pop("draft", None)
         try:
             if attention not in ("grouped", "sdpa"):
                 raise ConfigError(f"attention={attention}: choose grouped (cure's) or sdpa (transformers')")
-            engine = setup.engine if draft_dtype is None else setup.reopen(str(draft_dtype))
+            engine = (setup.engine if draft_dtype is None and draft is None
+                      else setup.reopen(None if draft is None else str(draft),
+                                        None if draft_dtype is None else str(draft_dtype)))
             engine.pair.drafter_for(s)
             methods.append(cure_method(spec, engine, setup.config.with_(strategy=s, **changes),
-                                       trace=args.trace_tuner, attention=attention, draft_dtype=draft_dtype))
+                                       trace=args.trace_tuner, attention=attention, draft_dtype=draft_dtype,
+                                       draft=draft))
         except (ConfigError, ModelLoadError, TypeError) as e:
             setup.skipped.append({"method": f"cure_{spec}", "reason": str(e)})
     return methods
@@ -549,7 +561,8 @@ def parse_args(argv: Sequence[str] | None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--strategies", default="ar,sd,parallel,cure,ddtree", help="comma list of cure strategies; 'cure:lookup=10' runs one with DecodeConfig fields changed, "
                     "'ddtree:attention=sdpa' with transformers' sdpa (K/V copies) instead of cure_core/attention.py's, "
-                    "'cure:draft_dtype=bfloat16' over drafters loaded again in that dtype")
+                    "'cure:draft_dtype=bfloat16' over drafters loaded again in that dtype, 'cure:draft=PATH' over "
+                    "another draft checkpoint")
     ap.add_argument("--hf", default="generate,assisted,prompt-lookup", help="transformers methods to run")
     ap.add_argument("--sets", default="humaneval", help="comma list: humaneval, gsm8k, mbpp, lcb-lite, TASK@N (skip "
                     "its first N: held-out ranges, e.g. humaneval@20), or a prompts .jsonl file (cure bench --prompts format)")

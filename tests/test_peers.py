@@ -127,6 +127,24 @@ def test_strategy_variants_run_one_strategy_with_changed_fields(peers, tmp_path)
     assert all(r["matches_hf_greedy"] for r in ret["results"])
 
 
+def test_draft_variant_runs_a_strategy_over_another_draft_checkpoint(peers, tmp_path):
+    """`cure:draft=PATH`: the pair opened again over another draft folder (a second tiny drafter, an exact
+    copy of the target, so it accepts more than the default perturbed one), the same target; a folder that
+    does not exist is skipped with why. Every output still equals HF greedy."""
+    from cure_core.tiny import save_tiny_pair
+    _, other = save_tiny_pair(tmp_path / "other", noise=0.0)
+    missing = tmp_path / "missing"
+    ret = peers.main(["--tiny", "--limit", "2", "--max-new-tokens", "8", "--k", "4", "--threads", "1", "--hf", "",
+                      "--strategies", f"parallel,parallel:draft={other},parallel:draft={missing}",
+                      "--warmup-tokens", "2", "--quiet", "--json", str(tmp_path / "d.json")])
+    settings = {m["name"]: m["settings"] for m in ret["methods"]}
+    assert settings[f"cure_parallel:draft={other}"]["draft"] == str(other) and "draft" not in settings["cure_parallel"]
+    assert any(s["method"] == f"cure_parallel:draft={missing}" for s in ret["skipped"])
+    tau = {n: ret["summary"][n]["tau"] for n in ("cure_parallel", f"cure_parallel:draft={other}")}
+    assert tau[f"cure_parallel:draft={other}"] > tau["cure_parallel"]
+    assert all(r["matches_hf_greedy"] for r in ret["results"])
+
+
 def test_cure_blocks_record_the_tuners_view_and_the_draft_stops(report):
     """--trace-tuner: every block of a tuned method carries the tuner's view before its choice, and the
     per-method budget table counts every block once."""
