@@ -441,10 +441,11 @@ class BudgetTuner:
         drafter paid 70 ms a block at budget 4, 96 at 8 and 136 at 12), and `drafting_ms` prices a budget
         below every sample at the smallest sampled one's cost: too high, and nothing corrected it, since
         explorations only went up and every block's a(V) already told the smaller budget's acceptance. A
-        tuner whose warm-up blocks sampled 12 and 16 only then ran a held-out HumanEval run's first 75
-        blocks at 12 (1.7x ar per block) and never tried 8 (2.2x) until its acceptance estimates moved
-        (benchmarks/results/showcase_qwen15b_pard7697_cpu). A sequential drafter's cost line prices every
-        budget from any samples, so it explores up only. None: nothing to explore."""
+        tuner whose warm-up blocks sampled 12 and 16 only then ran a held-out HumanEval run's first 69
+        blocks at 12 (1.72x ar per block) before it tried 8 (2.20x), once its acceptance estimates moved
+        (benchmarks/results/showcase_qwen15b_pard7697_cpu; with this rule: ..._s15_cpu). A sequential
+        drafter's cost line prices every budget from any samples, so it explores up only. None: nothing
+        to explore."""
         if self.steps is None:
             below = [v for v in self.candidates if 0 < v < best]
             sampled = {c.budget for c in self.costs[-self.window:]}
