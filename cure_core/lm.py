@@ -18,6 +18,7 @@ Two cache layouts (the output is the same; only speed differs):
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -94,7 +95,7 @@ class RowLayer(StaticLayer):
 
 @dataclass(frozen=True)
 class Forward:
-    logits: torch.Tensor | None     # [N, V] float32, one row per new node; None without the head
+    logits: torch.Tensor | None     # [N, V] float32, one row per new node; None without the head (or not asked)
     last: torch.Tensor | None       # [N, H] the decoder's output (before the head); only without the head
     hidden: torch.Tensor | None     # [N, L*H] selected layers' hidden states, concatenated; None if not asked
     nodes: list[int]                # scratch indices given to the new nodes
@@ -120,6 +121,8 @@ class CachedLM:
             raise ValueError("compile runs the whole model, head included")
         self.head = head
         self.eager = model if head else model.get_decoder()
+        # a prefill asks for no logits: the head then runs over one row instead of every prompt row
+        self._keeps_logits = head and "logits_to_keep" in inspect.signature(model.forward).parameters
         self.run = self.eager
         if compile and is_packed(model):
             raise ValueError("`compile` cannot trace packed CPU layers (inductor packs weights itself); "
@@ -171,12 +174,13 @@ class CachedLM:
         return len(self.scratch_tokens)
 
     @torch.inference_mode()
-    def forward(self, tokens: Sequence[int], parents: Sequence[int]) -> Forward:
+    def forward(self, tokens: Sequence[int], parents: Sequence[int], logits: bool = True) -> Forward:
         """Forward new scratch nodes.
 
         parents[j] is the scratch index of node j's parent: an existing scratch node, an earlier
         new node (existing count + its position among the new ones), or -1 for "right after the
-        committed prefix". Parents must come before children.
+        committed prefix". Parents must come before children. `logits=False`: no logits wanted
+        (`Forward.logits` None), so an eager forward runs the head over one row, not all N.
         """
         n = len(tokens)
         s_old = self.scratch
@@ -224,10 +228,12 @@ class CachedLM:
         graphs = self.graphs and run is self.run
         if graphs:
             torch.compiler.cudagraph_mark_step_begin()       # the previous replay's outputs are dead
+        # Rule: a compiled forward keeps its signature (another one would be another compilation)
+        skip_head = {"logits_to_keep": 1} if not logits and self._keeps_logits and run is self.eager else {}
         try:
             out = run(input_ids=ids, attention_mask=mask[None, None].to(self.device),
                       position_ids=pos[None].to(self.device), cache=self.cache, use_cache=True,
-                      output_hidden_states=bool(self.hidden_layers))
+                      output_hidden_states=bool(self.hidden_layers), **skip_head)
         except BaseException:
             self._clear_rows(s_old, s_new)                   # the nodes never entered the scratch
             raise
@@ -240,22 +246,25 @@ class CachedLM:
         hidden = None
         if self.hidden_layers:
             hidden = torch.cat([out.hidden_states[i][0, :n] for i in self.hidden_layers], dim=-1)   # a copy
-        logits, last = None, None
+        rows, last = None, None
         if self.head:
-            logits = out.logits[0, :n].float()               # [N, V]
-            if graphs:
-                logits = logits.clone()                      # CUDA-graph outputs are overwritten by the next replay
+            if logits:
+                rows = out.logits[0, :n].float()             # [N, V]
+                if graphs:
+                    rows = rows.clone()                      # CUDA-graph outputs are overwritten by the next replay
         else:
             last = out.last_hidden_state[0, :n]              # [N, H]
         self.scratch_tokens.extend(int(t) for t in tokens)
         self.scratch_depth = old_depth + new_depth
-        return Forward(logits=logits, last=last, hidden=hidden, nodes=list(range(s_old, s_old + n)))
+        return Forward(logits=rows, last=last, hidden=hidden, nodes=list(range(s_old, s_old + n)))
 
     def prefill(self, ids: Sequence[int]) -> Forward | None:
-        """Forward a chain of tokens and commit it."""
+        """Forward a chain of tokens and commit it. Rule: no logits (`Forward.logits` None). Nothing reads a
+        prompt row's logits (the first root's come with block 0's forward), and the head over every row is
+        a [rows, vocab] matmul: 151,936 ids on the embedded Qwen pairs."""
         if len(ids) == 0:
             return None
-        fwd = self.forward(ids, [-1] + list(range(self.scratch, self.scratch + len(ids) - 1)))
+        fwd = self.forward(ids, [-1] + list(range(self.scratch, self.scratch + len(ids) - 1)), logits=False)
         self.commit(fwd.nodes)
         return fwd
 

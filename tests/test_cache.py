@@ -165,3 +165,24 @@ def test_scratch_ancestors_over_forwards_growth_commits_and_a_refused_forward(ta
     with pytest.raises(RuntimeError, match="capacity"):
         lm.forward([9] * 200, [-1] + list(range(2, 201)))      # past the static capacity: refused
     check([-1, 0])
+
+
+@pytest.mark.parametrize("layout", ["static", "dynamic"])
+def test_prefill_runs_the_head_over_one_row_and_changes_nothing_after(target, layout):
+    """A prefill returns no logits and runs the output head over one row, not every prompt row (the
+    [rows, vocab] matmul is the part of a prefill nothing reads); the cache it leaves is the same, so the
+    next forward's logits equal those after a prefill through forward() with every row's logits."""
+    ids = [(7 * i + 3) % 200 for i in range(40)]
+    rows_seen = []
+    hook = target.get_output_embeddings().register_forward_hook(lambda m, args, out: rows_seen.append(args[0].shape[-2]))
+    try:
+        lm = CachedLM(target, kv=layout)
+        pre = lm.prefill(ids)
+        assert pre.logits is None and rows_seen == [1]
+        ref = CachedLM(target, kv=layout)
+        full = ref.forward(ids, [-1] + list(range(len(ids) - 1)))
+        assert full.logits.shape[0] == len(ids) and rows_seen[-1] == len(ids)
+        ref.commit(full.nodes)
+        assert torch.equal(lm.forward([5, 6, 7], [-1, 0, 1]).logits, ref.forward([5, 6, 7], [-1, 0, 1]).logits)
+    finally:
+        hook.remove()
