@@ -65,14 +65,9 @@ def measure(models: dict, sizes: list[int], ctx_len: int, reps: int) -> dict:
 
 
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tiny", action="store_true", help="a tiny random model built in-process")
+    ap = timing_args(__doc__)
     ap.add_argument("--sizes", default="1,2,4,8,16,32", help="node counts (root included); the first is the base")
     ap.add_argument("--ctx", type=int, default=256, help="context tokens before the tree")
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    ap.add_argument("--out", type=Path, default=None, help="write the JSON here")
-    EngineArgs.add_cli_args(ap, only=("target",))
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -104,11 +99,28 @@ def main(argv=None) -> dict:
         print(f"{n:>6} {c['eager']['ms'][k]:>10.1f} {c['eager']['x_one_token'][k]:>6.2f} "
               f"{c['packed']['ms'][k]:>10.1f} {c['packed']['x_one_token'][k]:>6.2f} {result['packed_speedup'][k]:>12.2f}x")
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(result, indent=1))
-        os.replace(tmp, args.out)
+        write_json(args.out, result)
     return result
+
+
+def timing_args(doc: str) -> argparse.ArgumentParser:
+    """The options a one-model timing script shares (this one, prefill.py): --tiny, --reps, --threads,
+    --out and the target."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--tiny", action="store_true", help="a tiny random model built in-process")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    ap.add_argument("--out", type=Path, default=None, help="write the JSON here")
+    EngineArgs.add_cli_args(ap, only=("target",))
+    return ap
+
+
+def write_json(path: Path, result: dict) -> None:
+    """`result` as JSON at `path`, whole or not at all (a temporary file renamed into place)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=1))
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

@@ -10,19 +10,20 @@ length: a fresh CachedLM prefilled both ways in alternation, --reps times; media
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
+from cpu_kernels import timing_args, write_json  # noqa: E402
 from cure_core.lm import CachedLM  # noqa: E402
 from cure_core.options import EngineArgs  # noqa: E402
 
@@ -40,13 +41,8 @@ def prefill_ms(model, ids: list[int], all_rows: bool) -> float:
 
 
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tiny", action="store_true", help="a tiny random model built in-process")
+    ap = timing_args(__doc__)
     ap.add_argument("--lengths", default="64,128,256", help="prompt lengths in tokens")
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    ap.add_argument("--out", type=Path, default=None, help="write the JSON here")
-    EngineArgs.add_cli_args(ap, only=("target",))
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -79,10 +75,7 @@ def main(argv=None) -> dict:
         print(f"{n:>7} {every:>24.1f} {one:>17.1f} {1 - one / every:>7.1%}")
     result["environment"]["load_average_end"] = list(os.getloadavg())
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(result, indent=1))
-        os.replace(tmp, args.out)
+        write_json(args.out, result)
     return result
 
 

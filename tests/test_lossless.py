@@ -269,7 +269,8 @@ def test_the_drafter_takes_in_the_prompt_in_the_prefill_step(target, drafts, str
     pair = make_pair(target, drafts["mild"])
     drafter = pair.ar_drafter if strategy == "sd" else pair.drafter
     calls, forward = [], drafter.lm.forward
-    monkeypatch.setattr(drafter.lm, "forward", lambda tokens, parents: calls.append(len(tokens)) or forward(tokens, parents))
+    monkeypatch.setattr(drafter.lm, "forward",
+                        lambda tokens, parents, **kw: calls.append(len(tokens)) or forward(tokens, parents, **kw))
     prompt = list(b"def fib(n):\n    ")
     cfg = DecodeConfig(strategy=strategy, k=8, max_new_tokens=24)
     gen = Engine(pair, cfg).generate(prompt)
