@@ -443,9 +443,8 @@ def build_methods(args, setup: Setup) -> list[Method]:
         try:
             if attention not in ("grouped", "sdpa"):
                 raise ConfigError(f"attention={attention}: choose grouped (cure's) or sdpa (transformers')")
-            engine = (setup.engine if draft_dtype is None and draft is None
-                      else setup.reopen(None if draft is None else str(draft),
-                                        None if draft_dtype is None else str(draft_dtype)))
+            # neither set: the options' own (draft, dtype), i.e. the pair already opened
+            engine = setup.reopen(None if draft is None else str(draft), None if draft_dtype is None else str(draft_dtype))
             engine.pair.drafter_for(s)
             methods.append(cure_method(spec, engine, setup.config.with_(strategy=s, **changes),
                                        trace=args.trace_tuner, attention=attention, draft_dtype=draft_dtype,

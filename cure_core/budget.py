@@ -405,8 +405,8 @@ class BudgetTuner:
         else:
             rated = [(r, v) for v in self.candidates if (r := self.rate(v)) is not None]
             choice = max(rated, key=lambda rv: (rv[0], -rv[1]))[1] if rated else self.ceiling
-            probe = self.exploration(choice)
-            if self.blocks >= self.next_explore and probe is not None:
+            # (what to explore is worked out on exploration blocks only, not on every block)
+            if self.blocks >= self.next_explore and (probe := self.exploration(choice)) is not None:
                 # Rule: explore next to the best (`exploration`), so the estimates there stay fresh. The
                 # interval doubles (up to explore_max) while the best has not moved since the last exploration,
                 # and falls back to explore_every when it moves: settled at budget 0 on a CPU, exploring V=1
