@@ -64,6 +64,9 @@ class DecodeConfig:
     redraft_weight: float | None = None  # best-first: weight of the re-drafted distribution below a substitution,
                                   # blended with the proposal's (1: the re-draft alone; strategies.blend);
                                   # None: the drafter's (0.5 for DFlash, 1 for an AR chain)
+    redraft_pass: str = "priced"  # best-first over a block-parallel drafter, under auto_budget: priced: the re-draft
+                                  # pass runs at a budget only while its measured gain pays for its time
+                                  # (BudgetTuner.redraft_pays) | always: on every block with a substitution
     lookup: int = 10              # best-first: graft up to this many tokens copied from the text so far (the
                                   # continuation of its last n-gram's latest earlier occurrence) into the
                                   # heap, scored by their measured acceptance (lookup.py); 0 = off
@@ -89,6 +92,8 @@ class DecodeConfig:
             raise ConfigError(f"unknown CURE tree {self.cure_tree!r}; choose one of {', '.join(CURE_TREES)}")
         if self.redraft_weight is not None and not 0.0 <= self.redraft_weight <= 1.0:
             raise ConfigError(f"`redraft_weight` must lie in [0, 1], got {self.redraft_weight}")
+        if self.redraft_pass not in ("priced", "always"):
+            raise ConfigError(f"`redraft_pass` must be priced or always, got {self.redraft_pass!r}")
         if self.redrafts is not None and self.redrafts < 0:
             raise ConfigError(f"`redrafts` must be >= 0, got {self.redrafts}")
         if self.lookup < 0:

@@ -22,7 +22,8 @@ from .errors import CureError
 from .lm import CachedLM, padded_size
 from .metrics import common_prefix
 from .lookup import Graft, LookupStats, NgramIndex
-from .strategies import CHAIN_STRATEGIES, build_tree, drafted_steps, propose, stops_drafting, uses_lookup
+from .strategies import (CHAIN_STRATEGIES, build_tree, drafted_steps, path_nodes, prices_redraft_pass, propose,
+                         stops_drafting, uses_lookup)
 from .tree import DraftTree, greedy_accept, sample_accept
 
 
@@ -264,7 +265,9 @@ class Engine:
             if lookup is not None and proposal is not None:
                 tokens = ngrams.continuation(min(cfg.lookup, len(proposal.tokens)))   # over target_ids + [root]
                 graft = Graft(tokens, lookup.path_logp(len(tokens))) if tokens else None
-            plan = build_tree(block_cfg, proposal, drafter, graft)
+            priced = tuner is not None and budget > 0 and prices_redraft_pass(cfg, drafter)
+            redraft = tuner.redraft_pays(budget) if priced else True
+            plan = build_tree(block_cfg, proposal, drafter, graft, redraft)
             tree = plan.tree
             t_tree_end = now()
 
@@ -317,8 +320,13 @@ class Engine:
                                 draft_ms=(t_tree - t_draft) * 1e3 + plan.redraft_ms,
                                 tree_ms=(t_tree_end - t_tree) * 1e3 - plan.redraft_ms,
                                 verify_ms=(t_verify - t_tree_end) * 1e3, commit_ms=(t_commit - t_verify) * 1e3),
-                stop=stop, meta=self._budget_meta(tuner, budget, cfg, draft_stop))
+                stop=stop, meta=self._budget_meta(tuner, budget, cfg, draft_stop, redraft))
             if tuner is not None:
+                if plan.unrepaired is not None and cfg.temperature == 0:
+                    # what the re-draft pass won: the target's greedy path (accepted + bonus) walked down the
+                    # tree before the pass holds `held` of its tokens, and that tree would have accepted them
+                    held = len(path_nodes(plan.unrepaired, [tree.tokens[i] for i in path] + [bonus]))
+                    tuner.observe_redraft(budget, len(path) - held, plan.redraft_ms)
                 # under a draft stop the tuner learns how the chain's draft log-probs predict acceptance (of
                 # the chain's depths the tree holds: those the target could accept)
                 chain_logp = (proposal.top_logprobs[: len(branch0), 0].tolist()
@@ -332,10 +340,13 @@ class Engine:
             root = bonus
 
     @staticmethod
-    def _budget_meta(tuner: BudgetTuner | None, budget: int, cfg: DecodeConfig, draft_stop: float | None = None) -> dict:
+    def _budget_meta(tuner: BudgetTuner | None, budget: int, cfg: DecodeConfig, draft_stop: float | None = None,
+                     redraft: bool = True) -> dict:
         if tuner is None:
             return {}
         meta = {"v_max": budget, "predicted_speedup": tuner.last_prediction, "tuning": tuner.last_phase}
+        if not redraft:
+            meta["redraft"] = "skipped"                  # BudgetTuner.redraft_pays: the pass would not pay
         if draft_stop is not None:
             meta["draft_stop"] = round(math.exp(draft_stop), 4)   # the chain probability it drafted down to
         if budget == 0:

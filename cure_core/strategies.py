@@ -37,6 +37,8 @@ class TreePlan:
     redraft_ms: float = 0.0       # drafter compute spent re-drafting (cure only): it counts as draft time
     lookup_nodes: tuple[int, ...] = ()  # the node holding each grafted lookup token, shallow to deep, as far
                                         # as the tree holds the path (lookup.LookupStats learns from them)
+    unrepaired: DraftTree | None = None  # cure best-first after a re-draft pass: the tree before it (what the
+                                         # block would have verified without the pass: BudgetTuner.redraft_pays)
 
 
 def best_first_tree(cfg: DecodeConfig) -> bool:
@@ -80,6 +82,14 @@ def redraft_policy(cfg: DecodeConfig, drafter) -> RedraftPolicy:
                          weight=own.weight if cfg.redraft_weight is None else cfg.redraft_weight)
 
 
+def prices_redraft_pass(cfg: DecodeConfig, drafter) -> bool:
+    """Rule: under the budget tuner, best-first cure's re-draft pass (a drafter that does not re-draft
+    inside its chain's steps: block-parallel) runs only where it pays (`BudgetTuner.redraft_pays`), unless
+    the config asks for it on every block (`redraft_pass` always)."""
+    return (cfg.strategy == "cure" and cfg.cure_tree == "best-first" and cfg.redraft_pass == "priced"
+            and not getattr(drafter, "redrafts_while_drafting", False))
+
+
 def redrafts_while_drafting(cfg: DecodeConfig, drafter, n: int) -> int:
     """Substitutions the drafter re-drafts inside its proposal (Drafter.propose_with_redrafts), 0 for none.
     Rule: only best-first cure with a causal chain drafter (which can batch them into the chain's own
@@ -102,7 +112,9 @@ def propose(cfg: DecodeConfig, drafter: Drafter, root: int, n: int, stop_logp: f
 
 
 def build_tree(cfg: DecodeConfig, proposal: Proposal | None, drafter: Drafter | None,
-               graft: Graft | None = None) -> TreePlan:
+               graft: Graft | None = None, redraft: bool = True) -> TreePlan:
+    """The block's tree. `redraft=False`: best-first cure skips its re-draft pass (the tuner's
+    `redraft_pays`), so the tree is ddtree's (with the lookup graft)."""
     if cfg.strategy == "ar" or proposal is None:
         return TreePlan(DraftTree())
     if cfg.strategy in CHAIN_STRATEGIES:
@@ -112,7 +124,7 @@ def build_tree(cfg: DecodeConfig, proposal: Proposal | None, drafter: Drafter | 
     if cfg.strategy == "cure" and cfg.cure_tree == "paper":
         return build_cure_tree(cfg, proposal, drafter)
     if cfg.strategy == "cure":
-        return build_cure_best_first(cfg, proposal, drafter, graft)
+        return build_cure_best_first(cfg, proposal, drafter, graft, redraft)
     return TreePlan(build_ddtree(cfg, proposal))
 
 
@@ -318,7 +330,7 @@ def substitutions(bf: BestFirst, depth_limit: int, count: int) -> list[int]:
 
 
 def build_cure_best_first(cfg: DecodeConfig, proposal: Proposal, drafter: Drafter,
-                          graft: Graft | None = None) -> TreePlan:
+                          graft: Graft | None = None, redraft: bool = True) -> TreePlan:
     """Repair-aware best-first: the ddtree of the block, then the subtrees under its best substitutions
     (`redraft_policy`: how many, and the blend weight) re-drafted in ONE batched drafter pass conditioned
     on the substituted token, then best-first again with the re-drafted log-probs competing for the same
@@ -339,7 +351,7 @@ def build_cure_best_first(cfg: DecodeConfig, proposal: Proposal, drafter: Drafte
         prefixes = [list(p) for p in chain_substitutions(proposal.top_ids, proposal.top_logprobs, fused, n)]
     else:
         first = best_first(base, cfg.v_max, graft=graft)
-        prefixes = [list(first.paths[i]) for i in substitutions(first, n, policy.count)]
+        prefixes = [list(first.paths[i]) for i in substitutions(first, n, policy.count)] if redraft else []
         if not prefixes:
             return TreePlan(first.tree, lookup_nodes=graft_nodes(first.tree, graft))
     t0 = time.perf_counter()
@@ -364,7 +376,8 @@ def build_cure_best_first(cfg: DecodeConfig, proposal: Proposal, drafter: Drafte
     margins = proposal.margins if by_pos else []
     ufps = tuple(UFP(position=pos, margin=margins[pos], budget=len(alts), alternatives=tuple(alts))
                  for pos, alts in sorted(by_pos.items()))
-    return TreePlan(final.tree, ufps, redraft_ms=redraft_ms, lookup_nodes=graft_nodes(final.tree, graft))
+    return TreePlan(final.tree, ufps, redraft_ms=redraft_ms, lookup_nodes=graft_nodes(final.tree, graft),
+                    unrepaired=None if fused else first.tree)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Losslessness: every strategy emits exactly ar's tokens at temperature 0 in float32."""
 import dataclasses
 import itertools
+import time
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -239,6 +240,9 @@ def test_blocks_without_a_draft_keep_the_drafter_in_sync(target, strategy, monke
 
         def best_tree(self):                           # what budget 0 was chosen over: nothing measured
             return None
+
+        def redraft_pays(self, v):
+            return True
 
     monkeypatch.setattr(Engine, "_make_tuner", lambda self, cfg: Alternate())
     if strategy == "sd":
@@ -619,3 +623,63 @@ def test_the_tuner_measures_its_curve_through_the_engines_own_execution_path(pai
         assert seen[-1]["kv"] == kv and seen[-1]["compile"] == compile
     keys = {_model_key(pair.target, 128, kv, c) for kv, c in (("static", False), ("dynamic", False), ("static", True))}
     assert len(keys) == 3
+
+
+def test_budget_tuner_skips_a_redraft_pass_that_does_not_pay():
+    """Blocks accept 2 tokens (+1 bonus) in 100 + 20 + 5 V ms, about 0.022 tokens/ms at budget 4. A 30 ms
+    re-draft pass pays only if it wins more than ~0.66 tokens: after 8 passes that won nothing it runs on
+    one block in 8 (the probe that keeps its gain measured); after passes that win a token each, on
+    every block. Before 8 passes at a budget, always; budgets without samples are untouched."""
+    from cure_core.budget import BudgetTuner, CostCurve
+
+    t = BudgetTuner(CostCurve((0, 16), (100.0, 180.0)), [0, 4, 8])
+    for _ in range(10):
+        t.observe(tuner_block([0, 1], 4, draft_ms=20.0), 4)
+    for _ in range(7):
+        t.observe_redraft(4, 0, 30.0)
+        assert t.redraft_pays(4)                                     # fewer than 8 samples: run the pass
+    t.observe_redraft(4, 0, 30.0)
+    runs = [t.redraft_pays(4) for _ in range(24)]
+    assert runs == ([False] * 7 + [True]) * 3                         # skipped, probed every 8th block
+    assert t.redraft_pays(8)                                          # no sample at 8
+    for _ in range(32):
+        t.observe_redraft(4, 1, 30.0)                                 # each pass now wins a token
+    assert all(t.redraft_pays(4) for _ in range(16))
+
+
+def test_cure_skips_a_redraft_pass_that_wins_nothing_and_stays_lossless(pair, monkeypatch):
+    """Best-first cure over a block-parallel drafter whose re-draft pass costs 40 ms (a slow drafter) and
+    wins next to nothing on the tiny pair, the tuner held at budget 16 (it would leave for budget 0 on
+    these drafts): once 8 passes have been seen the tuner skips the pass (block meta `redraft: skipped`,
+    no drafter call), probes it now and then, and the output still equals ar."""
+    import cure_core.engine
+    from cure_core.budget import BudgetTuner
+
+    class Held(BudgetTuner):
+        def choose(self):
+            super().choose()
+            self.last_choice = 16
+            return 16
+    monkeypatch.setattr(cure_core.engine, "BudgetTuner", Held)
+    drafter = pair.drafter
+    calls, redraft_topk = [], drafter.redraft_topk
+
+    def slow(*args, **kw):
+        calls.append(1)
+        time.sleep(0.04)
+        return redraft_topk(*args, **kw)
+    monkeypatch.setattr(drafter, "redraft_topk", slow)
+    prompt = list(b"def fib(n):\n    ")
+    cfg = DecodeConfig(strategy="cure", k=8, v_max=16, max_new_tokens=120, auto_budget=True, redrafts=2)
+    engine = Engine(pair, cfg)
+    blocks = list(engine.generate(prompt))
+    assert [t for b in blocks for t in b.emitted] == generate_ids(pair, cfg.with_(strategy="ar"), prompt)
+    skipped = [b for b in blocks if b.meta.get("redraft") == "skipped"]
+    assert skipped and all(b.timings.draft_ms < 40 for b in skipped)
+    passes = engine.tuner.redrafts[16]
+    assert len(passes) >= 8 and len(calls) >= len(passes)
+    first = next(b.index for b in skipped)
+    assert len(calls) - 8 <= (len(blocks) - first) // 8 + 1           # after the first skip: probes only
+    always = list(engine.generate(prompt, cfg.with_(redraft_pass="always")))   # the control: its own tuner
+    assert [t for b in always for t in b.emitted] == [t for b in blocks for t in b.emitted]
+    assert not any(b.meta.get("redraft") for b in always) and len(calls) - len(passes) >= 8
