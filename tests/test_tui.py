@@ -7,6 +7,7 @@ blocks 8, 10, 12, 15). No test needs a terminal or a download.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import threading
 from pathlib import Path
@@ -363,6 +364,9 @@ def test_tree_and_margins_render_without_colour(sample, tok):
     ar = sample.blocks[0].__class__(**{**sample.blocks[0].__dict__, "nodes": (), "accepted": (), "draft": (),
                                         "margins": (), "ufps": (), "strategy": "ar"})
     assert "no draft tree" in render_tree(ar, tt).plain
+    assert "re-draft pass skipped" not in text
+    skipped = dataclasses.replace(block, meta={"v_max": 4, "redraft": "skipped"})   # the tuner skipped the pass
+    assert "re-draft pass skipped: at V 4" in render_tree(skipped, tt).plain
     chart = render_margins(block, 1.0, 38, 4).plain
     assert "τ" in chart and "▲" in chart
     assert "ar: no draft margins" in render_margins(ar, 1.0, 38, 4).plain
