@@ -43,6 +43,7 @@ from .block import Block
 from .cpu_kernels import MIN_ROWS, is_packed
 from .lm import CachedLM, padded_size
 from .progress import phase
+from .redraft_price import RedraftPrice
 
 SIZES = (0, 1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 
@@ -175,14 +176,6 @@ class DraftCost:
     ms: float            # C_d: draft + tree + commit
 
 
-@dataclass(frozen=True)
-class RedraftSample:
-    """One best-first cure block whose tree came from a re-draft pass, verified at temperature 0."""
-    gain: int            # accepted tokens the pass won: the block's accepted path minus what the tree before
-                         # the pass would have accepted (-1 where that tree held the whole path and the bonus)
-    ms: float            # the pass's drafter time
-
-
 class BudgetTuner:
     """Online choice of the tree budget V from the cost curve and the acceptance seen so far."""
 
@@ -219,10 +212,8 @@ class BudgetTuner:
         self.chains: list[tuple[list[float], int]] = []
         self._gamma: float | None = None                     # cached `calibration`, reset per sample
         self.verify_scale: list[float] = []                  # measured verify_ms / curve's C_v(V): load drift
-        self.redrafts: dict[int, list[RedraftSample]] = {}   # budget -> its recent re-draft passes (redraft_pays)
-        self.redraft_skips: dict[int, int] = {}              # budget -> passes skipped since its last one
-        self.redraft_min = redraft_min                       # samples at a budget before its pass may be skipped
-        self.redraft_probe = redraft_probe                   # a skipped pass still runs once in this many blocks
+        # best-first cure's re-draft pass per budget (redraft_price.py): the last window / 2 passes decide
+        self.redraft = RedraftPrice(window // 2, min_samples=redraft_min, probe=redraft_probe)
         self.blocks = 0
         self.fresh = True                                    # no drafting block yet in this generation
         self.last_choice = self.ceiling
@@ -468,32 +459,17 @@ class BudgetTuner:
         return bigger[0] if bigger else None
 
     def redraft_pays(self, v: int) -> bool:
-        """Whether best-first cure's re-draft pass (one more drafter forward over a block-parallel drafter)
-        runs at budget v. Rule: the pass pays where the tokens it adds beat what its milliseconds would
-        earn at the predicted rate: mean gain > rate(v) x mean pass ms, over the budget's recent passes
-        (each block that ran one tells its gain exactly at T=0: `observe_redraft`). (Exactly: with g the
-        gain, r the pass's ms, A + 1 tokens in T ms without it, the pass pays iff g > r (A + 1) / T; rate(v)
-        averages the blocks with and without it.) On the 1.5B showcase pair's PARD drafter the pass bought
-        +0.09 tau at 4-node trees for a second drafter forward, and cure ran behind ddtree, which never
-        re-drafts (benchmarks/results/showcase_qwen15b_pard7697_s15_cpu/tune). Until `redraft_min` passes
-        at v have been seen, and on one block in `redraft_probe` after that, the pass runs, so the gain
-        stays measured where it is skipped. Over a chain drafter the re-drafts ride in the chain's steps:
-        no pass, no sample, always True."""
-        seen = self.redrafts.get(v, ())
-        r = self.rate(v) if len(seen) >= self.redraft_min else None
-        if r is None or statistics.fmean(s.gain for s in seen) > r * statistics.fmean(s.ms for s in seen):
-            self.redraft_skips[v] = 0
-            return True
-        skipped = self.redraft_skips.get(v, 0) + 1
-        self.redraft_skips[v] = 0 if skipped >= self.redraft_probe else skipped
-        return skipped >= self.redraft_probe
+        """Whether best-first cure's re-draft pass runs at budget v: while its measured gain beats the
+        predicted rate(v) x its ms (the rule and why: redraft_price.py). On the 1.5B showcase pair's PARD
+        drafter the pass bought +0.09 tau at 4-node trees for a second drafter forward, and cure ran behind
+        ddtree, which never re-drafts (benchmarks/results/showcase_qwen15b_pard7697_s15_cpu/tune). Over a
+        chain drafter the re-drafts ride in the chain's steps: no pass, no sample, always True."""
+        return self.redraft.pays(v, lambda: self.rate(v))
 
     def observe_redraft(self, v: int, gain: int, ms: float) -> None:
         """A block verified at temperature 0 with budget v ran a re-draft pass of `ms` that won `gain`
         accepted tokens over the tree before it."""
-        seen = self.redrafts.setdefault(v, [])
-        seen.append(RedraftSample(gain, ms))
-        del seen[: -(self.window // 2)]             # the last 32 passes at v
+        self.redraft.observe(v, gain, ms)
 
     def best_tree(self) -> tuple[int, float] | None:
         """(budget, predicted speedup over ar) of the best non-zero budget: what budget 0 was chosen over."""

@@ -64,9 +64,9 @@ class DecodeConfig:
     redraft_weight: float | None = None  # best-first: weight of the re-drafted distribution below a substitution,
                                   # blended with the proposal's (1: the re-draft alone; strategies.blend);
                                   # None: the drafter's (0.5 for DFlash, 1 for an AR chain)
-    redraft_pass: str = "priced"  # best-first over a block-parallel drafter, under auto_budget: priced: the re-draft
-                                  # pass runs at a budget only while its measured gain pays for its time
-                                  # (BudgetTuner.redraft_pays) | always: on every block with a substitution
+    redraft_pass: str = "priced"  # best-first over a block-parallel drafter: priced: the re-draft pass runs at a
+                                  # budget (the tuner's or a fixed v_max) only while its measured gain pays for
+                                  # its time (redraft_price.py) | always: on every block with a substitution
     lookup: int = 10              # best-first: graft up to this many tokens copied from the text so far (the
                                   # continuation of its last n-gram's latest earlier occurrence) into the
                                   # heap, scored by their measured acceptance (lookup.py); 0 = off

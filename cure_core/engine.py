@@ -22,6 +22,7 @@ from .errors import CureError
 from .lm import CachedLM, padded_size
 from .metrics import common_prefix
 from .lookup import Graft, LookupStats, NgramIndex
+from .redraft_price import RedraftPrice
 from .strategies import (CHAIN_STRATEGIES, build_tree, drafted_steps, path_nodes, prices_redraft_pass, propose,
                          stops_drafting, uses_lookup)
 from .tree import DraftTree, greedy_accept, sample_accept
@@ -85,6 +86,7 @@ class Engine:
         self._targets: dict[tuple, CachedLM] = {}             # (hidden layers, kv layout, compile) -> cache
         self._tuners: dict[DecodeConfig, BudgetTuner] = {}    # tuner_key(cfg) -> its tuner
         self._lookups: dict[DecodeConfig, LookupStats] = {}   # tuner_key(cfg) -> lookup acceptance (cfg.lookup)
+        self._prices: dict[DecodeConfig, RedraftPrice] = {}   # tuner_key(cfg) -> its re-draft pass at a fixed budget
         self._kept: CachedPrefix | None = None                # the last generation's caches (reuse_prefix)
         self._started = 0                                     # generations started: the newest owns the caches
 
@@ -107,6 +109,13 @@ class Engine:
         if key not in self._tuners:
             self._tuners[key] = self._make_tuner(cfg)
         return self._tuners[key]
+
+    def fixed_price_for(self, cfg: DecodeConfig) -> RedraftPrice | None:
+        """At a fixed budget, what best-first cure's re-draft pass has measured (kept across generations, as a
+        tuner is); None where the tuner prices the pass (`v_max` auto) or no pass is priced."""
+        if cfg.auto_budget or not prices_redraft_pass(cfg, self.pair.drafter_for(cfg.strategy)):
+            return None
+        return self._prices.setdefault(self.tuner_key(cfg), RedraftPrice())
 
     def target_for(self, cfg: DecodeConfig) -> CachedLM:
         drafter = self.pair.drafter_for(cfg.strategy)
@@ -199,8 +208,9 @@ class Engine:
         gen = torch.Generator().manual_seed(cfg.seed)
         eos = set(self.pair.eos_ids) if cfg.stop_at_eos else set()
         tuner = self.tuner_for(cfg)
+        price = self.fixed_price_for(cfg) if drafter is not None else None
         lookup = self._lookups.setdefault(self.tuner_key(cfg), LookupStats()) if uses_lookup(cfg) else None
-        now = _clock(target.device, sync=timings or tuner is not None)
+        now = _clock(target.device, sync=timings or tuner is not None or price is not None)
 
         # Step 0. Prefill: every prompt token but the last; the last becomes the first root. With a cached
         # prefix, the caches are truncated to the shared prefix and only the rest is prefilled.
@@ -265,8 +275,14 @@ class Engine:
             if lookup is not None and proposal is not None:
                 tokens = ngrams.continuation(min(cfg.lookup, len(proposal.tokens)))   # over target_ids + [root]
                 graft = Graft(tokens, lookup.path_logp(len(tokens))) if tokens else None
-            priced = tuner is not None and budget > 0 and prices_redraft_pass(cfg, drafter)
-            redraft = tuner.redraft_pays(budget) if priced else True
+            # the re-draft pass runs where it pays (redraft_price.py): at the tuner's predicted rate for the
+            # budget, or at a fixed budget the rate its recent blocks measured
+            if price is not None:
+                redraft = price.pays(budget, price.measured_rate)
+            elif tuner is not None and budget > 0 and prices_redraft_pass(cfg, drafter):
+                redraft = tuner.redraft_pays(budget)
+            else:
+                redraft = True
             plan = build_tree(block_cfg, proposal, drafter, graft, redraft)
             tree = plan.tree
             t_tree_end = now()
@@ -321,12 +337,15 @@ class Engine:
                                 tree_ms=(t_tree_end - t_tree) * 1e3 - plan.redraft_ms,
                                 verify_ms=(t_verify - t_tree_end) * 1e3, commit_ms=(t_commit - t_verify) * 1e3),
                 stop=stop, meta=self._budget_meta(tuner, budget, cfg, draft_stop, redraft))
+            if plan.unrepaired is not None and cfg.temperature == 0 and (tuner is not None or price is not None):
+                # what the re-draft pass won: the target's greedy path (accepted + bonus) walked down the
+                # tree before the pass holds `held` of its tokens, and that tree would have accepted them
+                held = len(path_nodes(plan.unrepaired, [tree.tokens[i] for i in path] + [bonus]))
+                (tuner.observe_redraft if tuner is not None else price.observe)(budget, len(path) - held,
+                                                                                 plan.redraft_ms)
+            if price is not None:
+                price.observe_block(len(path) + 1, (t_commit - t_draft) * 1e3)
             if tuner is not None:
-                if plan.unrepaired is not None and cfg.temperature == 0:
-                    # what the re-draft pass won: the target's greedy path (accepted + bonus) walked down the
-                    # tree before the pass holds `held` of its tokens, and that tree would have accepted them
-                    held = len(path_nodes(plan.unrepaired, [tree.tokens[i] for i in path] + [bonus]))
-                    tuner.observe_redraft(budget, len(path) - held, plan.redraft_ms)
                 # under a draft stop the tuner learns how the chain's draft log-probs predict acceptance (of
                 # the chain's depths the tree holds: those the target could accept)
                 chain_logp = (proposal.top_logprobs[: len(branch0), 0].tolist()
@@ -343,7 +362,7 @@ class Engine:
     def _budget_meta(tuner: BudgetTuner | None, budget: int, cfg: DecodeConfig, draft_stop: float | None = None,
                      redraft: bool = True) -> dict:
         if tuner is None:
-            return {}
+            return {} if redraft else {"redraft": "skipped"}   # a fixed budget's RedraftPrice: it would not pay
         meta = {"v_max": budget, "predicted_speedup": tuner.last_prediction, "tuning": tuner.last_phase}
         if not redraft:
             meta["redraft"] = "skipped"                  # BudgetTuner.redraft_pays: the pass would not pay

@@ -38,7 +38,7 @@ class TreePlan:
     lookup_nodes: tuple[int, ...] = ()  # the node holding each grafted lookup token, shallow to deep, as far
                                         # as the tree holds the path (lookup.LookupStats learns from them)
     unrepaired: DraftTree | None = None  # cure best-first after a re-draft pass: the tree before it (what the
-                                         # block would have verified without the pass: BudgetTuner.redraft_pays)
+                                         # block would have verified without the pass: redraft_price.py)
 
 
 def best_first_tree(cfg: DecodeConfig) -> bool:
@@ -83,8 +83,8 @@ def redraft_policy(cfg: DecodeConfig, drafter) -> RedraftPolicy:
 
 
 def prices_redraft_pass(cfg: DecodeConfig, drafter) -> bool:
-    """Rule: under the budget tuner, best-first cure's re-draft pass (a drafter that does not re-draft
-    inside its chain's steps: block-parallel) runs only where it pays (`BudgetTuner.redraft_pays`), unless
+    """Rule: best-first cure's re-draft pass (a drafter that does not re-draft inside its chain's steps:
+    block-parallel) runs only where it pays (redraft_price.py: at the tuner's budget or a fixed one), unless
     the config asks for it on every block (`redraft_pass` always)."""
     return (cfg.strategy == "cure" and cfg.cure_tree == "best-first" and cfg.redraft_pass == "priced"
             and not getattr(drafter, "redrafts_while_drafting", False))
@@ -114,7 +114,7 @@ def propose(cfg: DecodeConfig, drafter: Drafter, root: int, n: int, stop_logp: f
 def build_tree(cfg: DecodeConfig, proposal: Proposal | None, drafter: Drafter | None,
                graft: Graft | None = None, redraft: bool = True) -> TreePlan:
     """The block's tree. `redraft=False`: best-first cure skips its re-draft pass (the tuner's
-    `redraft_pays`), so the tree is ddtree's (with the lookup graft)."""
+    `redraft_pays` or a fixed budget's RedraftPrice), so the tree is ddtree's (with the lookup graft)."""
     if cfg.strategy == "ar" or proposal is None:
         return TreePlan(DraftTree())
     if cfg.strategy in CHAIN_STRATEGIES:

@@ -680,7 +680,7 @@ def test_cure_skips_a_redraft_pass_that_wins_nothing_and_stays_lossless(pair, mo
     skipped = [b for b in blocks if b.meta.get("redraft") == "skipped"]
     assert skipped and all(passes_in[b.index] == 0 for b in skipped)   # a skipped pass calls no drafter
     assert all(b.timings.draft_ms < 40 for b in skipped)
-    passes = engine.tuner.redrafts[16]
+    passes = engine.tuner.redraft.samples[16]
     assert len(passes) >= 8 and len(calls) >= len(passes)
     first = next(b.index for b in skipped)
     assert sum(passes_in[:first]) == 8                                # 8 passes seen, then the first skip
@@ -689,3 +689,62 @@ def test_cure_skips_a_redraft_pass_that_wins_nothing_and_stays_lossless(pair, mo
     always = list(engine.generate(prompt, cfg.with_(redraft_pass="always")))   # the control: its own tuner
     assert [t for b in always for t in b.emitted] == [t for b in blocks for t in b.emitted]
     assert not any(b.meta.get("redraft") for b in always) and len(calls) - before >= 8
+
+
+def test_redraft_price_measures_the_rate_of_a_fixed_budget():
+    """At a fixed budget the pass is priced at the rate the recent blocks measured: 3 tokens in 150 ms is
+    0.02 tokens/ms, so a 30 ms pass pays only if it wins more than 0.6 tokens."""
+    from cure_core.redraft_price import RedraftPrice
+
+    p = RedraftPrice()
+    assert p.measured_rate() is None
+    for _ in range(8):
+        p.observe_block(3, 150.0)
+        p.observe(16, 0, 30.0)
+    assert p.measured_rate() == pytest.approx(0.02)
+    assert [p.pays(16, p.measured_rate) for _ in range(8)] == [False] * 7 + [True]
+    for _ in range(32):
+        p.observe(16, 1, 30.0)                                 # 1 token for 30 ms beats 0.6
+    assert p.pays(16, p.measured_rate)
+    for _ in range(100):
+        p.observe_block(3, 15000.0)                            # the window forgets the fast blocks
+    assert p.measured_rate() == pytest.approx(3 * 64 / (15000.0 * 64))
+
+
+def test_cure_at_a_fixed_budget_skips_a_redraft_pass_that_wins_nothing_and_stays_lossless(pair, monkeypatch):
+    """Without the tuner (`v_max` 16 fixed) the same rule prices the pass at the rate the blocks measure:
+    a 40 ms pass that wins next to nothing is skipped once 8 passes have been seen (no drafter call on a
+    skipped block, meta `redraft: skipped`), the price is kept across generations, the output equals ar,
+    and the control `redraft_pass=always` runs it on every block."""
+    drafter = pair.drafter
+    calls, redraft_topk = [], drafter.redraft_topk
+
+    def slow(*args, **kw):
+        calls.append(1)
+        time.sleep(0.04)
+        return redraft_topk(*args, **kw)
+    monkeypatch.setattr(drafter, "redraft_topk", slow)
+    prompt = list(b"def fib(n):\n    ")
+    cfg = DecodeConfig(strategy="cure", k=8, v_max=16, max_new_tokens=120, redrafts=2)
+    engine = Engine(pair, cfg)
+    blocks, passes_in = [], []
+    for b in engine.generate(prompt):
+        passes_in.append(len(calls) - sum(passes_in))
+        blocks.append(b)
+    assert [t for b in blocks for t in b.emitted] == generate_ids(pair, cfg.with_(strategy="ar"), prompt)
+    assert engine.tuner is None
+    skipped = [b for b in blocks if b.meta.get("redraft") == "skipped"]
+    assert skipped and all(passes_in[b.index] == 0 for b in skipped)
+    first = skipped[0].index
+    assert sum(passes_in[:first]) == 8                                # 8 passes seen, then the first skip
+    assert len(calls) - 8 <= (len(blocks) - first) // 8 + 1           # after it: probes only
+    price = engine.fixed_price_for(cfg)
+    assert len(price.samples[16]) == len(calls) and len(price.blocks) == len(blocks)
+    before = len(calls)
+    again = list(engine.generate(prompt))
+    assert len(calls) - before <= len(again) // 8 + 1                 # the same price: probes only, from block 0
+    before = len(calls)
+    always = list(engine.generate(prompt, cfg.with_(redraft_pass="always")))
+    assert [t for b in always for t in b.emitted] == [t for b in blocks for t in b.emitted]
+    assert not any(b.meta.get("redraft") for b in always) and len(calls) - before >= 8
+    assert engine.fixed_price_for(cfg.with_(redraft_pass="always")) is None

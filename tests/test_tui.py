@@ -367,6 +367,8 @@ def test_tree_and_margins_render_without_colour(sample, tok):
     assert "re-draft pass skipped" not in text
     skipped = dataclasses.replace(block, meta={"v_max": 4, "redraft": "skipped"})   # the tuner skipped the pass
     assert "re-draft pass skipped: at V 4" in render_tree(skipped, tt).plain
+    fixed = dataclasses.replace(block, meta={"redraft": "skipped"})                 # a fixed budget skipped it
+    assert "re-draft pass skipped: at this budget" in render_tree(fixed, tt).plain
     chart = render_margins(block, 1.0, 38, 4).plain
     assert "τ" in chart and "▲" in chart
     assert "ar: no draft margins" in render_margins(ar, 1.0, 38, 4).plain

@@ -182,9 +182,10 @@ def render_tree(block: Block | None, tokens: TokenText, cell: int = 8) -> Text:
         t.append(f"UFP d{u.position + 1} m={u.margin:.2f} b={u.budget}", Style(color="yellow"))
         if u.alternatives:
             t.append(" alts " + " ".join(lab(c, 6) for c in u.alternatives), Style(dim=True))
-    if block.meta.get("redraft") == "skipped":       # BudgetTuner.redraft_pays: why no repair is re-drafted
-        t.append(f"\nre-draft pass skipped: at V {block.meta.get('v_max')} it has not paid for its time",
-                 Style(dim=True))
+    if block.meta.get("redraft") == "skipped":       # redraft_price.py: why no repair is re-drafted
+        v = block.meta.get("v_max")                  # absent at a fixed budget (no tuner)
+        at = f"at V {v}" if v is not None else "at this budget"
+        t.append(f"\nre-draft pass skipped: {at} it has not paid for its time", Style(dim=True))
 
     states = node_states(block)
     branches = sorted({n.branch for n in block.nodes})

@@ -1,0 +1,71 @@
+"""Whether best-first cure's re-draft pass pays for its time, at a budget chosen by the tuner or fixed.
+
+Over a block-parallel drafter (DFlash, PARD) best-first cure re-drafts the suffix under the tree's best
+substitutions in one more drafter forward per block (strategies.build_cure_best_first). That pass costs a
+drafter forward; what it wins is measured exactly at T=0: the tree from before the pass (TreePlan.unrepaired)
+would have accepted the nodes the target's greedy path (accepted tokens + bonus) walks down in it, so the
+gain is the block's accepted path minus that. One rule decides for both budget modes:
+
+    the pass runs at budget v while  mean gain > rate(v) x mean pass ms   over v's last `window` passes
+
+With g the gain, r the pass's ms and A + 1 tokens in T ms without it, the pass raises tokens per ms iff
+g / r > (A + 1) / T, the block's own rate. Under `--v-max auto` the rate is the tuner's prediction for v
+(BudgetTuner.rate); at a fixed budget it is what the last blocks measured (`measured_rate`). Until
+`min_samples` passes at v have been seen, and on one block in `probe` after that, the pass runs, so its gain
+stays measured where it is skipped. At T>0 no gain is recorded: the decision then rests on what T=0
+generations measured on the same engine, and otherwise the pass runs.
+"""
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class RedraftSample:
+    """One best-first cure block whose tree came from a re-draft pass, verified at temperature 0."""
+    gain: int            # accepted tokens the pass won: the block's accepted path minus what the tree before
+                         # the pass would have accepted (-1 where that tree held the whole path and the bonus)
+    ms: float            # the pass's drafter time
+
+
+class RedraftPrice:
+    """Per budget: the re-draft passes seen and the decision (the module's rule)."""
+
+    def __init__(self, window: int = 32, min_samples: int = 8, probe: int = 8, rate_blocks: int = 64):
+        self.window = window                                 # passes per budget the mean is over
+        self.min_samples = min_samples                       # passes at a budget before its pass may be skipped
+        self.probe = probe                                   # a skipped pass still runs once in this many blocks
+        self.samples: dict[int, list[RedraftSample]] = {}    # budget -> its recent passes
+        self.skips: dict[int, int] = {}                      # budget -> passes skipped since its last one
+        # fixed budget only: (tokens the block produced = accepted + 1, its ms from draft to commit)
+        self.blocks: deque[tuple[int, float]] = deque(maxlen=rate_blocks)
+
+    def pays(self, v: int, rate: Callable[[], float | None]) -> bool:
+        """Whether the pass runs at budget v; `rate()`: tokens per ms at v (called only once v has samples)."""
+        seen = self.samples.get(v, ())
+        r = rate() if len(seen) >= self.min_samples else None
+        if r is None or statistics.fmean(s.gain for s in seen) > r * statistics.fmean(s.ms for s in seen):
+            self.skips[v] = 0
+            return True
+        skipped = self.skips.get(v, 0) + 1
+        self.skips[v] = 0 if skipped >= self.probe else skipped
+        return skipped >= self.probe
+
+    def observe(self, v: int, gain: int, ms: float) -> None:
+        """A block verified at T=0 with budget v ran a pass of `ms` that won `gain` accepted tokens."""
+        seen = self.samples.setdefault(v, [])
+        seen.append(RedraftSample(gain, ms))
+        del seen[: -self.window]
+
+    def observe_block(self, tokens: int, ms: float) -> None:
+        """A block at a fixed budget produced `tokens` (accepted + bonus) in `ms` (draft to commit)."""
+        self.blocks.append((tokens, ms))
+
+    def measured_rate(self) -> float | None:
+        """Tokens per ms over the recent fixed-budget blocks, those with the pass and those without it
+        (as the tuner's rate(v) averages both); None before any block."""
+        ms = sum(m for _, m in self.blocks)
+        return sum(t for t, _ in self.blocks) / ms if ms > 0 else None
