@@ -647,6 +647,18 @@ def test_budget_tuner_skips_a_redraft_pass_that_does_not_pay():
     assert all(t.redraft_pays(4) for _ in range(16))
 
 
+def slow_redraft_pass(drafter, monkeypatch) -> list:
+    """Make the drafter's re-draft pass cost 40 ms; the list returned grows by one per call."""
+    calls, redraft_topk = [], drafter.redraft_topk
+
+    def slow(*args, **kw):
+        calls.append(1)
+        time.sleep(0.04)
+        return redraft_topk(*args, **kw)
+    monkeypatch.setattr(drafter, "redraft_topk", slow)
+    return calls
+
+
 def test_cure_skips_a_redraft_pass_that_wins_nothing_and_stays_lossless(pair, monkeypatch):
     """Best-first cure over a block-parallel drafter whose re-draft pass costs 40 ms (a slow drafter) and
     wins next to nothing on the tiny pair, the tuner held at budget 16 (it would leave for budget 0 on
@@ -661,14 +673,7 @@ def test_cure_skips_a_redraft_pass_that_wins_nothing_and_stays_lossless(pair, mo
             self.last_choice = 16
             return 16
     monkeypatch.setattr(cure_core.engine, "BudgetTuner", Held)
-    drafter = pair.drafter
-    calls, redraft_topk = [], drafter.redraft_topk
-
-    def slow(*args, **kw):
-        calls.append(1)
-        time.sleep(0.04)
-        return redraft_topk(*args, **kw)
-    monkeypatch.setattr(drafter, "redraft_topk", slow)
+    calls = slow_redraft_pass(pair.drafter, monkeypatch)
     prompt = list(b"def fib(n):\n    ")
     cfg = DecodeConfig(strategy="cure", k=8, v_max=16, max_new_tokens=120, auto_budget=True, redrafts=2)
     engine = Engine(pair, cfg)
@@ -716,14 +721,7 @@ def test_cure_at_a_fixed_budget_skips_a_redraft_pass_that_wins_nothing_and_stays
     a 40 ms pass that wins next to nothing is skipped once 8 passes have been seen (no drafter call on a
     skipped block, meta `redraft: skipped`), the price is kept across generations, the output equals ar,
     and the control `redraft_pass=always` runs it on every block."""
-    drafter = pair.drafter
-    calls, redraft_topk = [], drafter.redraft_topk
-
-    def slow(*args, **kw):
-        calls.append(1)
-        time.sleep(0.04)
-        return redraft_topk(*args, **kw)
-    monkeypatch.setattr(drafter, "redraft_topk", slow)
+    calls = slow_redraft_pass(pair.drafter, monkeypatch)
     prompt = list(b"def fib(n):\n    ")
     cfg = DecodeConfig(strategy="cure", k=8, v_max=16, max_new_tokens=120, redrafts=2)
     engine = Engine(pair, cfg)
