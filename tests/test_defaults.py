@@ -1,0 +1,54 @@
+"""Which models run when the user names none (cure_core/defaults.py): the shipped drafters under
+assets/drafters/ are the block strategies' defaults, the chain draft stays sd's (#14 item 1)."""
+import json
+
+from cure_core.defaults import ASSETS, AR_DRAFT_FOR, choose_models, shipped_drafter
+from cure_core.drafters.adapted import adapter_config, is_adapted_checkpoint
+from cure_core.drafters.card import read_card
+from cure_core.embedded import DEFAULT_TARGET
+
+ALL = ("ar", "sd", "parallel", "cure", "ddtree")
+
+
+def test_the_15b_alias_drafts_blocks_with_its_shipped_pard_adapter_and_chains_with_the_05b():
+    shipped = shipped_drafter("qwen-coder-1.5b")
+    assert shipped == str(ASSETS / "drafters" / "qwen-coder-1.5b")
+    c = choose_models("qwen-coder-1.5b", None, None, ALL)
+    assert (c.draft, c.ar_draft, c.unavailable) == (shipped, AR_DRAFT_FOR["qwen-coder-1.5b"], {})
+    assert c.ar_draft == "qwen-coder-0.5b"
+    # sd alone loads no block drafter; ar alone loads nothing but the target
+    assert choose_models("qwen-coder-1.5b", None, None, ["sd"]).draft is None
+    assert choose_models("qwen-coder-1.5b", None, None, ["ar"]).ar_draft is None
+    # a named draft wins: the chain draft is one --draft away, and then doubles as sd's
+    c = choose_models("qwen-coder-1.5b", "qwen-coder-0.5b", None, ALL)
+    assert (c.draft, c.ar_draft) == ("qwen-coder-0.5b", None)
+
+
+def test_the_default_target_keeps_its_dflash_drafter_and_has_no_chain_draft():
+    c = choose_models(None, None, None, ALL)
+    assert c.target == DEFAULT_TARGET and c.draft == shipped_drafter(DEFAULT_TARGET)
+    assert c.ar_draft is None                                   # the 0.5B has no chain draft of its own
+    # a target alias with no shipped drafter and no chain draft: block strategies say why, nothing loads
+    c = choose_models("smollm2-135m", None, None, ALL)
+    assert c.draft is None and set(c.unavailable) == {"parallel", "cure", "ddtree", "sd"}
+    # a folder or HF id is never an alias (a path must not escape assets/)
+    assert shipped_drafter("../drafters/qwen-coder-1.5b") is None
+
+
+def test_the_shipped_15b_drafter_is_a_small_delta_on_the_embedded_05b_with_its_card():
+    d = ASSETS / "drafters" / "qwen-coder-1.5b"
+    assert is_adapted_checkpoint(d)
+    ad = adapter_config(d)
+    assert (ad["kind"], ad["base"], ad["block_size"]) == ("pard", "qwen-coder-0.5b", 8)
+    size = sum(f.stat().st_size for f in d.iterdir())
+    assert size <= 60e6                                         # #14: ships at <= 60 MB, no base copy
+    assert not any(f.name in ("model.safetensors", "pytorch_model.bin") for f in d.iterdir())
+    card = read_card(d)
+    assert (card.target, card.kind, card.base, card.block_size) == ("qwen-coder-1.5b", "pard", "qwen-coder-0.5b", 8)
+    assert card.tau and all(r.source.startswith("benchmarks/results/") for r in card.tau)
+    for r in card.tau:
+        assert (ASSETS.parent / r.source).is_dir(), r.source
+    # the shipped copy is the training run's drafter, byte for byte (one set of weights, two places)
+    run = ASSETS.parent / "training" / "qwen-coder-1.5b-pard-full"
+    assert (run / "adapter.safetensors").read_bytes() == (d / "adapter.safetensors").read_bytes()
+    assert json.loads((run / "config.json").read_text()) == json.loads((d / "config.json").read_text())
