@@ -75,6 +75,7 @@ def train_drafter(
     draft_vocab: Annotated[int, typer.Option("--draft-vocab", help="dflash: save N ids (training labels by frequency, then the lowest ids) as the drafter's draft vocabulary: its head runs over those and the prompt's ids only (0 = the whole vocabulary).")] = 16384,
     gamma: Annotated[float, typer.Option("--gamma", help="Offset i weighs exp(-(i-1)/gamma) in the loss; 0 = equal.")] = 4.0,
     target_layers: Annotated[Optional[str], typer.Option("--target-layers", help="dflash: comma-separated target decoder layers to condition on (default: L/4, L/2, L-2).")] = None,
+    dflash_init: Annotated[Optional[Path], typer.Option("--dflash-init", help="dflash: start from this DFlash drafter's weights (same --layers and --target-layers; e.g. the shipped one, to train a further version on new data) instead of a copy of the target's last layer.")] = None,
     pard_init: Annotated[str, typer.Option("--pard-init", help="pard: shrink (the target with --layers layers) | scratch | adapt (LoRA + a mask embedding on --pard-base; saves only that delta).")] = "shrink",
     pard_base: Annotated[Optional[str], typer.Option("--pard-base", help="pard adapt: the causal LM to adapt (an embedded alias or folder sharing the target's tokenizer).")] = None,
     lora_rank: Annotated[int, typer.Option("--lora-rank", help="pard adapt: LoRA rank on every attention and MLP projection.")] = 8,
@@ -115,7 +116,7 @@ def train_drafter(
         eval_texts = [p.prompt for p in humaneval.load(limit=eval_prompts)]
     from cure_core.embedded import DEFAULT_TARGET
     opts = RunOptions(target=target or DEFAULT_TARGET, out=out, train=spec, data=data, device=device, layer_ids=ids,
-                      pard_init=pard_init, pard_base=pard_base, lora_rank=lora_rank, lora_alpha=lora_alpha,
+                      dflash_init=dflash_init, pard_init=pard_init, pard_base=pard_base, lora_rank=lora_rank, lora_alpha=lora_alpha,
                       pard_train_embeddings=pard_train_embeddings, resume=resume, eval_prompts=eval_prompts,
                       eval_set=eval_set, eval_new_tokens=eval_new_tokens, eval_texts=eval_texts, publish=publish)
     cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

@@ -65,3 +65,21 @@ def test_exclude_corpus_whose_prompts_cannot_be_rebuilt_exits_2(tmp_path, capsys
                      "--out", str(tmp_path / "c.jsonl")]) == 2
     assert "--exclude-corpus" in capsys.readouterr().err
     assert not (tmp_path / "c.jsonl").exists()
+
+
+def test_a_code_corpus_excludes_the_code_prompts_of_a_mixed_corpus(tmp_path, capsys):
+    """The mixed mix holds raw code completions too: a code-mix corpus that extends a mixed corpus repeats
+    none of them (each header's prompts are rebuilt from ITS mix); the very mix and seed drawn is refused."""
+    mod = load_script()
+    mixed = prompt_mix(96, "mixed", seed=0)
+    write_header(tmp_path / "m.jsonl", {"mix": "mixed", "seed": 0}, mixed)
+    from cure_core.training.distill import read_corpus
+    excluded = {p.text for p in mod.meta_prompts(read_corpus(tmp_path / "m.jsonl")[0])}
+    code = {p.text for p in prompt_mix(400, "code", seed=0)}
+    assert excluded & code                                   # the two mixes share stdlib completions
+    new = mod.fresh_prompts(64, "code", seed=0, excluded=excluded)
+    assert len({p.text for p in new}) == 64 and not excluded & {p.text for p in new}
+    write_header(tmp_path / "c0.jsonl", {"mix": "code", "seed": 0}, prompt_mix(16, "code", seed=0))
+    assert mod.main(["--target", "nope", "--mix", "code", "--seed", "0", "--exclude-corpus",
+                     str(tmp_path / "c0.jsonl"), "--out", str(tmp_path / "c.jsonl")]) == 2
+    assert "another mix or seed" in capsys.readouterr().err

@@ -210,3 +210,38 @@ def test_models_lists_shipped_drafters(tmp_path, monkeypatch):
     assert res.exit_code == 0, res.output
     line = next(ln for ln in res.output.splitlines() if "qwen-coder-1.5b" in ln and "pard" in ln)
     assert "adapted qwen-coder-0.5b" in line and "3.25 cure K=8 (humaneval 21-40)" in line and "all" in line
+
+
+def test_dflash_init_starts_a_further_version_from_a_trained_drafters_weights(models, tmp_path):
+    """--dflash-init: a v(n+1) drafter trains on from v(n)'s weights (not the target's last layer); a
+    drafter of another shape is refused in one line before the feature pass."""
+    from cure_core.training import dflash_train as D
+    from cure_core.training.run import TrainError
+    first = tmp_path / "v1"
+    run(_opts(models, first, "dflash", steps=3, save_dtype="float32"), _bars, log=lambda m: None)
+    cfg = json.loads((first / "config.json").read_text())
+    state = D.read_init_drafter(first, cfg)
+    assert "draft_vocab" not in state
+    target = load_model(str(models / "target"))[0]
+    model = D.build_model(cfg, target.config)
+    D.init_from_target(model, target, cfg["dflash_config"]["target_layer_ids"])
+    saved = load_file(str(first / "model.safetensors"))
+    k = "layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(model.state_dict()[k], saved[k])    # trained: no longer the target's copy
+    D.init_from_state(model, state)
+    for name, v in model.state_dict().items():
+        if "rotary_emb" not in name:
+            assert torch.equal(v, saved[name]), name
+    # end to end: the run records where it started and trains on
+    second = tmp_path / "v2"
+    res = run(_opts(models, second, "dflash", steps=2, dflash_init=first), _bars, log=lambda m: None)
+    assert res["train"]["dflash_init"] == str(first) and res["train"]["steps_done"] == 2
+    # another shape (2 layers against 1): refused before any feature is computed
+    third = tmp_path / "v3"
+    bad = _opts(models, third, "dflash", steps=2, dflash_init=first)
+    bad.train.layers = 2
+    with pytest.raises(TrainError, match="num_hidden_layers is 1, this training builds 2"):
+        run(bad, _bars, log=lambda m: None)
+    assert not (third / "features").exists()
+    with pytest.raises(TrainError, match="--kind pard takes --pard-init"):
+        run(_opts(models, third, "pard", steps=2, dflash_init=first), _bars, log=lambda m: None)

@@ -98,8 +98,9 @@ def main(argv=None) -> int:
     for f in args.exclude_corpus:
         try:
             meta = read_corpus(f)[0]
-            if meta is None or meta.get("mix") != args.mix or meta.get("seed") == args.seed:
-                raise ValueError(f"its header is not a {args.mix}-mix corpus of another seed")
+            # any mix may be excluded (its prompts are rebuilt from ITS mix); only the very mix being drawn not
+            if meta is None or meta.get("mix") not in MIXES or (meta["mix"], meta.get("seed")) == (args.mix, args.seed):
+                raise ValueError(f"its header is not a corpus of another mix or seed than {args.mix}, seed {args.seed}")
             excluded |= {p.text for p in meta_prompts(meta)}
         except (OSError, ValueError, KeyError) as e:
             print(f"error: --exclude-corpus {f}: {e}", file=sys.stderr)

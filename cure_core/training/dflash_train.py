@@ -85,6 +85,62 @@ def init_from_target(model: DFlashModel, target, layer_ids, fs: FeatureSet | Non
     model.norm.weight.copy_(target.model.norm.weight)
 
 
+# The config fields a drafter must share with the one being built for its weights to mean the same thing
+# (block_size may differ: no weight depends on it).
+INIT_MUST_MATCH = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+                   "num_key_value_heads", "head_dim", "attention_bias", "vocab_size")
+
+
+class DrafterInitError(ValueError):
+    """A --dflash-init drafter that cannot start this training (one line: what differs)."""
+
+
+def read_init_drafter(folder, config_dict: dict) -> dict:
+    """The weights of a trained DFlash drafter (a folder in the published layout) that a further version
+    starts from instead of the target's last layer; read and checked before any feature is computed.
+
+    Rule: its layers, sizes, target layers and mask token must equal the ones this training builds
+    (block_size may differ: no weight depends on it); draft_vocab is not a weight (the new run writes
+    its own from its labels)."""
+    import json
+    from pathlib import Path
+    from safetensors.torch import load_file
+    folder = Path(folder)
+    try:
+        theirs = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise DrafterInitError(f"--dflash-init {folder}: no readable config.json ({type(e).__name__})") from None
+    if not isinstance(theirs.get("dflash_config"), dict):
+        raise DrafterInitError(f"--dflash-init {folder}: not a DFlash drafter (no dflash_config in config.json)")
+    for key in INIT_MUST_MATCH:
+        if theirs.get(key) != config_dict.get(key):
+            raise DrafterInitError(f"--dflash-init {folder}: {key} is {theirs.get(key)}, this training builds "
+                                   f"{config_dict.get(key)}")
+    for key in ("target_layer_ids", "mask_token_id"):
+        if theirs["dflash_config"].get(key) != config_dict["dflash_config"][key]:
+            raise DrafterInitError(f"--dflash-init {folder}: {key} is {theirs['dflash_config'].get(key)}, this "
+                                   f"training builds {config_dict['dflash_config'][key]}")
+    try:
+        state = load_file(str(folder / "model.safetensors"))
+    except Exception as e:                  # safetensors raises its own error types on a bad file
+        raise DrafterInitError(f"--dflash-init {folder}: cannot read model.safetensors ({type(e).__name__})") from None
+    state.pop("draft_vocab", None)
+    return state
+
+
+@torch.no_grad()
+def init_from_state(model: DFlashModel, state: dict) -> None:
+    """Copy `read_init_drafter`'s weights into a freshly built model: every weight it has, same shapes."""
+    own = {k: v for k, v in model.state_dict().items() if "rotary_emb" not in k}
+    missing, extra = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    if missing or extra:
+        raise DrafterInitError(f"--dflash-init: weights differ (missing {missing[:3]}, unexpected {extra[:3]})")
+    for k, v in own.items():
+        if tuple(state[k].shape) != tuple(v.shape):
+            raise DrafterInitError(f"--dflash-init: {k} is {tuple(state[k].shape)}, expected {tuple(v.shape)}")
+        v.copy_(state[k].to(v.dtype))
+
+
 def _qk_rms(ta, tl, fs, layer_ids, n_t, head_dim) -> tuple[float, float]:
     """Mean per-head RMS of the target's last-layer q/k projections on cached features (1.0 without)."""
     if fs is None or not len(fs) or (n_t - 2) not in layer_ids:

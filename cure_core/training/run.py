@@ -38,6 +38,8 @@ class RunOptions:
     device: str = "cpu"
     dtype: str = "float32"
     layer_ids: list[int] | None = None      # dflash: target decoder layers to condition on
+    dflash_init: Path | None = None         # dflash: start from this drafter's weights (same layers and target
+                                            # layers), not from a copy of the target's last layer
     pard_init: str = "shrink"               # pard: shrink (target with fewer layers) | scratch | adapt (LoRA on pard_base)
     pard_base: str | None = None            # pard adapt: the base causal LM (an embedded alias: loads from its cache)
     lora_rank: int = 8                      # pard adapt: LoRA rank on every attention / MLP projection
@@ -136,6 +138,11 @@ def run(opts: RunOptions, progress_factory: Callable, log: Callable = print) -> 
         raise TrainError(f"--distill-mix must be one of {', '.join(MIXES)}")
     if opts.lora_rank < 1:
         raise TrainError("--lora-rank must be at least 1")
+    if opts.dflash_init is not None:
+        if spec.kind != "dflash":
+            raise TrainError("--dflash-init starts a dflash drafter; --kind pard takes --pard-init")
+        if not (Path(opts.dflash_init) / "config.json").is_file():
+            raise TrainError(f"--dflash-init {opts.dflash_init}: no config.json there (a DFlash drafter folder)")
     from ..models import load_model, load_tokenizer
     torch.manual_seed(spec.seed)
     out = Path(opts.out)
@@ -159,6 +166,16 @@ def run(opts: RunOptions, progress_factory: Callable, log: Callable = print) -> 
         if min(layer_ids) < 0 or max(layer_ids) >= n_layers:
             raise TrainError(f"--target-layers {layer_ids} must lie in 0..{n_layers - 1}")
 
+    init_state = None
+    if opts.dflash_init is not None:            # checked before the feature pass, which can take minutes
+        from . import dflash_train as D
+        attn_bias = getattr(target.model.layers[-1].self_attn.q_proj, "bias", None) is not None
+        try:
+            init_state = D.read_init_drafter(opts.dflash_init, D.draft_config_dict(
+                target.config, layer_ids, spec.layers, spec.block_size, mask_id, attn_bias))
+        except D.DrafterInitError as e:
+            raise TrainError(str(e)) from None
+
     # A PARD drafter on text labels needs nothing from the target's forward (no features, no argmax):
     # on a self-distilled corpus the text after each prompt is the target's own greedy answer already.
     fs, held, _ = prepare_features(data, target, tok, opts.target, layer_ids, out / "features",
@@ -177,7 +194,14 @@ def run(opts: RunOptions, progress_factory: Callable, log: Callable = print) -> 
         attn_bias = getattr(target.model.layers[-1].self_attn.q_proj, "bias", None) is not None
         cfg = D.draft_config_dict(target.config, layer_ids, spec.layers, spec.block_size, mask_id, attn_bias)
         model = D.build_model(cfg, target.config)
-        D.init_from_target(model, target, layer_ids, fs)
+        if init_state is not None:
+            try:
+                D.init_from_state(model, init_state)
+            except D.DrafterInitError as e:
+                raise TrainError(str(e)) from None
+            init_state = None
+        else:
+            D.init_from_target(model, target, layer_ids, fs)
         model = model.to(dev)
         embed = target.get_input_embeddings()
         head_w = target.get_output_embeddings().weight.detach()
@@ -236,7 +260,8 @@ def run(opts: RunOptions, progress_factory: Callable, log: Callable = print) -> 
     hist = summary.pop("history")
     stretches = summary.pop("stretches")
     train_info = {"target": opts.target, "kind": spec.kind, "train": asdict(spec), "data": asdict(data),
-                  "layer_ids": layer_ids, "mask_token_id": mask_id, "chunks": len(fs), "tokens": fs.n_tokens,
+                  "layer_ids": layer_ids, "mask_token_id": mask_id,
+                  "dflash_init": str(opts.dflash_init) if opts.dflash_init is not None else None, "chunks": len(fs), "tokens": fs.n_tokens,
                   **summary, "final_loss": (sum(h["loss"] for h in hist[-20:]) / len(hist[-20:])) if hist else None,
                   "first_loss": hist[0]["loss"] if hist else None,
                   "total_seconds": time.monotonic() - t_start}
