@@ -16,7 +16,8 @@ The first blocks use the warm-up budget: the largest candidate whose verificatio
 `warmup_cost` one-token steps (the ceiling on a GPU's flat curve; 16-32 nodes on a CPU, where the
 ceiling's 65-node forward costs several tokens). Then an exploration block now and then tries the next budget up,
 so the estimates just above the chosen one stay fresh without paying for the largest trees (or, over a
-block-parallel drafter, the next one down while its drafting cost is unsampled: `exploration`). The
+block-parallel drafter, the next one down while its drafting cost is unsampled; or the warm-up budget again
+while budgets up to it are unrated: `exploration`). The
 exploration interval starts at `explore_every` blocks and doubles (up to `explore_max`) while the
 best budget does not move, so a settled choice costs almost nothing to keep checking.
 Budget 0 is a candidate too: no draft, a plain ar step (no drafting cost). Where no tree pays, e.g.
@@ -52,6 +53,7 @@ SIZES = (0, 1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 class CostCurve:
     sizes: tuple[int, ...]          # tree sizes V measured (root excluded)
     verify_ms: tuple[float, ...]    # one target forward over root + V nodes, median
+    key: str | None = None          # its entry in the disk cache (None: not cached)
 
     def verify(self, v: float) -> float:
         """C_v(V), linear between measured sizes, extrapolated past the last one."""
@@ -96,7 +98,7 @@ def measure_cost_curve(model, max_size: int = 64, ctx_len: int = 128, repeats: i
         try:
             saved = json.loads(path.read_text()).get(key)
             if saved and max(saved["sizes"]) >= max_size:
-                return CostCurve(tuple(saved["sizes"]), tuple(saved["verify_ms"]))
+                return CostCurve(tuple(saved["sizes"]), tuple(saved["verify_ms"]), key)
         except (OSError, ValueError, KeyError):
             pass
     sizes = tuple(s for s in SIZES if s <= max_size) + ((max_size,) if max_size not in SIZES else ())
@@ -119,7 +121,7 @@ def measure_cost_curve(model, max_size: int = 64, ctx_len: int = 128, repeats: i
                 if r:
                     times[v] = min(times[v], ms)
             update(r + 1)
-    curve = CostCurve(sizes, tuple(_isotonic([times[v] for v in sizes])))
+    curve = CostCurve(sizes, tuple(_isotonic([times[v] for v in sizes])), key if use_disk_cache else None)
     if use_disk_cache:
         try:
             data = json.loads(path.read_text()) if path.exists() else {}
@@ -131,6 +133,22 @@ def measure_cost_curve(model, max_size: int = 64, ctx_len: int = 128, repeats: i
         except (OSError, ValueError):
             pass
     return curve
+
+
+def forget_cost_curve(key: str) -> bool:
+    """Drop one curve from the disk cache (the next `measure_cost_curve` for its model measures again);
+    True if it was there."""
+    path = _cache_file()
+    try:
+        data = json.loads(path.read_text()) if path.exists() else {}
+        if data.pop(key, None) is None:
+            return False
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, path)
+        return True
+    except (OSError, ValueError):
+        return False
 
 
 def _time_forward(lm: CachedLM, toks: list[int]) -> float:
@@ -212,6 +230,8 @@ class BudgetTuner:
         self.chains: list[tuple[list[float], int]] = []
         self._gamma: float | None = None                     # cached `calibration`, reset per sample
         self.verify_scale: list[float] = []                  # measured verify_ms / curve's C_v(V): load drift
+        self.stale_after, self.stale_ratio = 32, 2.0         # blocks, and the drift that drops the cached curve
+        self.curve_forgotten = False                         # `_check_stale_curve` has dropped it
         # best-first cure's re-draft pass per budget (redraft_price.py): the last window / 2 passes decide
         self.redraft = RedraftPrice(window // 2, min_samples=redraft_min, probe=redraft_probe)
         self.blocks = 0
@@ -395,6 +415,20 @@ class BudgetTuner:
             self._gamma = gamma
         return self._gamma
 
+    def _check_stale_curve(self) -> None:
+        """Rule: the disk cache keeps a curve for good, and `verify_scale` corrects its level, not its shape. A
+        curve measured while another job loaded the box has the wrong shape too: the default pair's cached
+        curve said 505 ms for one token (verified at 137 ms that day, a scale of 0.27) and 10% more for a
+        second node but nothing for the next six (benchmarks/results/peers60_qwen05b_v5_cpu). Once
+        `stale_after` blocks put the median scale outside [1/stale_ratio, stale_ratio], the cached entry is
+        dropped, so the next process measures the curve again; this one keeps what it has (a measurement
+        mid-answer would stall it)."""
+        if self.curve_forgotten or self.curve.key is None or len(self.verify_scale) < self.stale_after:
+            return
+        scale = statistics.median(self.verify_scale[-self.stale_after:])
+        if not 1 / self.stale_ratio <= scale <= self.stale_ratio:
+            self.curve_forgotten = forget_cost_curve(self.curve.key) or True
+
     def verify_ms(self, v: float) -> float:
         """C_v(V): the start-up curve, rescaled online by how verification times run now."""
         scale = statistics.median(self.verify_scale[-self.window:]) if self.verify_scale else 1.0
@@ -419,8 +453,11 @@ class BudgetTuner:
                 self.interval = min(2 * self.interval, self.explore_max) if same else self.explore_every
                 self.settled = choice
                 self.next_explore = self.blocks + self.interval
+                # a wide probe (`wide_probe`) has no estimate to beat: whether it moved the best shows at the
+                # next exploration, which resets the interval then (`same`)
+                expect = self.expected_accept(probe)
+                self.probe = None if expect is None and probe == self.warmup_budget else (probe, expect)
                 choice = probe
-                self.probe = (choice, self.expected_accept(choice))
                 self.last_phase = "explore"
             if choice == 0 and self.steps is not None and len(self.costs) < self.priced_before_zero:
                 # Rule: a sequential drafter's tuner leaves for budget 0 only once `priced_before_zero` blocks
@@ -455,8 +492,23 @@ class BudgetTuner:
             sampled = {c.budget for c in self.costs[-self.window:]}
             if below and below[-1] not in sampled:
                 return below[-1]
+        if self.wide_probe(best):
+            return self.warmup_budget
         bigger = [v for v in self.candidates if v > best]
         return bigger[0] if bigger else None
+
+    def wide_probe(self, best: int) -> bool:
+        """Whether an exploration from `best` tries the warm-up budget instead of one step up. Rule: once the
+        warm-up blocks have left the window, blocks settled at `best` tell a(V) for V <= best only, so every
+        budget above is unrated, and one-step-up explorations climb only while each single step pays for
+        itself. A cost curve with a step at the low end (a node more costs 10% where the next six cost
+        nothing) and a(2) - a(1) too small to pay for it held the default pair's tuner on 1-node trees for
+        all of a held-out HumanEval set (cure tau 1.43, parallel's 1.44; 0.99 nodes a block) while 8-node
+        trees accepted far more (benchmarks/results/peers60_qwen05b_v5_cpu). A block verified at the
+        warm-up budget tells a(V) for every V up to it at once, for at most `warmup_cost` one-token steps;
+        so while a budget between `best` and the warm-up budget is unrated, the exploration goes there."""
+        wide = self.warmup_budget
+        return wide > best and any(self.expected_accept(v) is None for v in self.candidates if best < v <= wide)
 
     def redraft_pays(self, v: int) -> bool:
         """Whether best-first cure's re-draft pass runs at budget v: while its measured gain beats the
@@ -510,6 +562,7 @@ class BudgetTuner:
         expected = self.curve.verify(block.tree_size)
         if expected > 0 and t.verify_ms > 0:
             self.verify_scale.append(t.verify_ms / expected)
+            self._check_stale_curve()
         if self.probe is not None:
             v, expect = self.probe
             self.probe = None

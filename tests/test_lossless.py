@@ -392,6 +392,63 @@ def test_budget_tuner_explores_down_where_a_block_parallel_drafters_cost_is_unsa
     assert 4 in down[first:]                                         # whose own budget below gets sampled
 
 
+def test_budget_tuner_probes_the_warm_up_budget_where_budgets_above_the_best_are_unrated():
+    """Settled at budget 0 through a hard opening (nothing accepted), the tuner's window forgets the warm-up
+    blocks: budgets above 0 are unrated. Then the drafts improve, but only beyond the first nodes (the target
+    takes nodes 2, 3, 5 and 6: a repair tree's siblings), on a curve with a step at the low end. Explorations
+    one step up try budget 1 forever (it accepts nothing, so 0 stays best: the control); a probe at the
+    warm-up budget tells a(V) for every V up to it at once, and budget 8 (5 tokens / 120 ms) wins."""
+    from cure_core.budget import BudgetTuner, CostCurve
+
+    class UpOnly(BudgetTuner):                         # the rule before: explore one step up only
+        def wide_probe(self, best):
+            return False
+
+    curve = CostCurve((0, 1, 2, 8, 16), (100.0, 100.0, 110.0, 110.0, 120.0))
+
+    def run(tuner):
+        choices = []
+        for i in range(300):
+            v = tuner.choose()
+            choices.append(v)
+            good = i >= 100                            # the hard opening ends at block 100
+            tuner.observe(tuner_block([j for j in (2, 3, 5, 6) if good and j < v], v, draft_ms=10.0 if v else 0.0), v)
+        return choices
+
+    wide, up = run(BudgetTuner(curve, [0, 1, 2, 4, 8, 16])), run(UpOnly(curve, [0, 1, 2, 4, 8, 16]))
+    assert wide[0] == 16 and up[0] == 16                             # both warm up at the warm-up budget
+    assert set(up[100:]) == {0, 1}                                   # the control: never sees past budget 1
+    first = wide.index(8, 100)
+    assert first <= 100 + 64                                         # the next exploration at the latest
+    assert wide[first:].count(8) >= 0.9 * len(wide[first:])          # ...and 8 wins from then on
+    assert 16 in wide[:100] and set(wide[:100]) <= {0, 1, 16}        # before: probes at 16, else budget 0
+
+
+def test_budget_tuner_drops_a_cached_cost_curve_that_verification_times_disown(private_cost_curves):
+    """A cached curve measured under other load (4x today's verification times, and so maybe the wrong shape)
+    is dropped from the disk cache after 32 blocks, so the next process measures it again; one within 2x
+    of what verification costs now stays. Neither tuner changes its own curve mid-answer."""
+    import dataclasses
+    import json
+
+    from cure_core.block import Timings
+    from cure_core.budget import BudgetTuner, CostCurve
+
+    private_cost_curves.write_text(json.dumps({k: {"sizes": [0, 8], "verify_ms": [400.0, 440.0]}
+                                               for k in ("stale", "fresh")}))
+    stale = BudgetTuner(CostCurve((0, 8), (400.0, 440.0), key="stale"), [0, 4, 8])
+    fresh = BudgetTuner(CostCurve((0, 8), (400.0, 440.0), key="fresh"), [0, 4, 8])
+    for i in range(40):
+        for t, ms in ((stale, 105.0), (fresh, 290.0)):
+            b = tuner_block([0], 4, draft_ms=5.0)
+            t.observe(dataclasses.replace(b, timings=Timings(draft_ms=5.0, verify_ms=ms)), 4)
+        if i == 30:
+            assert set(json.loads(private_cost_curves.read_text())) == {"stale", "fresh"}   # 31 blocks: kept
+    assert stale.curve_forgotten and not fresh.curve_forgotten
+    assert set(json.loads(private_cost_curves.read_text())) == {"fresh"}
+    assert stale.curve.verify(0) == 400.0 and stale.verify_ms(0) == pytest.approx(100.0)     # rescaled, kept
+
+
 def test_budget_tuner_keeps_a_sequential_drafter_off_budget_0_until_drafting_is_priced():
     """With fewer than 3 blocks pricing a chain drafter's cost, budget 0 would rest on a guessed cost line
     and, drafting nothing, never correct it: the tuner drafts at its best-rated non-zero budget instead
