@@ -123,26 +123,29 @@ def measure_cost_curve(model, max_size: int = 64, ctx_len: int = 128, repeats: i
             update(r + 1)
     curve = CostCurve(sizes, tuple(_isotonic([times[v] for v in sizes])), key if use_disk_cache else None)
     if use_disk_cache:
-        try:
-            data = json.loads(path.read_text()) if path.exists() else {}
+        def put(data: dict) -> bool:
             data[key] = curve.to_dict()
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(data, indent=1))
-            os.replace(tmp, path)
-        except (OSError, ValueError):
-            pass
+            return True
+        _edit_cache(put)
     return curve
 
 
 def forget_cost_curve(key: str) -> bool:
     """Drop one curve from the disk cache (the next `measure_cost_curve` for its model measures again);
     True if it was there."""
+    return _edit_cache(lambda data: data.pop(key, None) is not None)
+
+
+def _edit_cache(edit: Callable[[dict], bool]) -> bool:
+    """Read the cost-curve cache, apply `edit` (True: it changed something) and write it back atomically
+    (a temporary file replaced into place, so a concurrent reader sees the old file or the new one).
+    False where nothing changed or the file could not be read or written."""
     path = _cache_file()
     try:
         data = json.loads(path.read_text()) if path.exists() else {}
-        if data.pop(key, None) is None:
+        if not edit(data):
             return False
+        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(data, indent=1))
         os.replace(tmp, path)
@@ -200,7 +203,7 @@ class BudgetTuner:
     def __init__(self, curve: CostCurve, candidates: list[int], window: int = 64, explore_every: int = 8,
                  warmup: int = 2, explore_max: int = 64, warmup_cost: float = 2.0,
                  steps: Callable[[int], int] | None = None, priced_before_zero: int = 3,
-                 redraft_min: int = 8, redraft_probe: int = 8):
+                 redraft_min: int = 8, redraft_probe: int = 8, stale_after: int = 32, stale_ratio: float = 2.0):
         self.curve = curve
         # sequential drafter steps a budget costs (an AR chain: one per drafted position, min(V, K-1));
         # None: one pass at any budget (a block-parallel drafter)
@@ -230,7 +233,8 @@ class BudgetTuner:
         self.chains: list[tuple[list[float], int]] = []
         self._gamma: float | None = None                     # cached `calibration`, reset per sample
         self.verify_scale: list[float] = []                  # measured verify_ms / curve's C_v(V): load drift
-        self.stale_after, self.stale_ratio = 32, 2.0         # blocks, and the drift that drops the cached curve
+        self.stale_after = stale_after                       # blocks of verify_scale, and the drift beyond which...
+        self.stale_ratio = stale_ratio                       # ...the cached curve is dropped (`_check_stale_curve`)
         self.curve_forgotten = False                         # `_check_stale_curve` has dropped it
         # best-first cure's re-draft pass per budget (redraft_price.py): the last window / 2 passes decide
         self.redraft = RedraftPrice(window // 2, min_samples=redraft_min, probe=redraft_probe)
@@ -427,7 +431,8 @@ class BudgetTuner:
             return
         scale = statistics.median(self.verify_scale[-self.stale_after:])
         if not 1 / self.stale_ratio <= scale <= self.stale_ratio:
-            self.curve_forgotten = forget_cost_curve(self.curve.key) or True
+            forget_cost_curve(self.curve.key)               # (already gone: another process dropped it)
+            self.curve_forgotten = True
 
     def verify_ms(self, v: float) -> float:
         """C_v(V): the start-up curve, rescaled online by how verification times run now."""
