@@ -11,9 +11,14 @@ gain is the block's accepted path minus that. One rule decides for both budget m
 With g the gain, r the pass's ms and A + 1 tokens in T ms without it, the pass raises tokens per ms iff
 g / r > (A + 1) / T, the block's own rate. Under `--v-max auto` the rate is the tuner's prediction for v
 (BudgetTuner.rate); at a fixed budget it is what the last blocks measured (`measured_rate`). Until
-`min_samples` passes at v have been seen, and on one block in `probe` after that, the pass runs, so its gain
-stays measured where it is skipped. At T>0 no gain is recorded: the decision then rests on what T=0
-generations measured on the same engine, and otherwise the pass runs.
+`min_samples` passes at v have been seen, the pass runs; after that, a skipped pass still runs as a probe `probe`
+blocks later, so its gain stays measured. A probe costs a whole pass for the little it wins where the pass does not
+pay (on the 1.5B pair's PARD drafter a 0.5B forward, a sixth of a block's time, for +0.09 tau at 4-node trees:
+one probe in 8 blocks is ~2% of decode time), so each probe that leaves the decision at "skip" doubles the
+interval to the next, up to `probe_max`; a probe that by itself wins more than its price (g > rate x ms), or a
+decision that turns to "run", sets it back to `probe`, so a change of regime is still sampled at once.
+At T>0 no gain is recorded: the decision then rests on what T=0 generations measured on the same engine,
+and otherwise the pass runs.
 """
 from __future__ import annotations
 
@@ -34,12 +39,15 @@ class RedraftSample:
 class RedraftPrice:
     """Per budget: the re-draft passes seen and the decision (the module's rule)."""
 
-    def __init__(self, window: int = 32, min_samples: int = 8, probe: int = 8, rate_blocks: int = 64):
+    def __init__(self, window: int = 32, min_samples: int = 8, probe: int = 8, rate_blocks: int = 64,
+                 probe_max: int = 64):
         self.window = window                                 # passes per budget the mean is over
         self.min_samples = min_samples                       # passes at a budget before its pass may be skipped
-        self.probe = probe                                   # a skipped pass still runs once in this many blocks
+        self.probe = probe                                   # a skipped pass first runs again after this many blocks
+        self.probe_max = max(probe, probe_max)               # ...and the interval doubles per losing probe up to this
         self.samples: dict[int, list[RedraftSample]] = {}    # budget -> its recent passes
         self.skips: dict[int, int] = {}                      # budget -> passes skipped since its last one
+        self.interval: dict[int, int] = {}                   # budget -> blocks from one probe to the next
         # fixed budget only: (tokens the block produced = accepted + 1, its ms from draft to commit)
         self.blocks: deque[tuple[int, float]] = deque(maxlen=rate_blocks)
 
@@ -49,10 +57,17 @@ class RedraftPrice:
         r = rate() if len(seen) >= self.min_samples else None
         if r is None or statistics.fmean(s.gain for s in seen) > r * statistics.fmean(s.ms for s in seen):
             self.skips[v] = 0
+            self.interval[v] = self.probe
             return True
-        skipped = self.skips.get(v, 0) + 1
-        self.skips[v] = 0 if skipped >= self.probe else skipped
-        return skipped >= self.probe
+        if self.skips.get(v, 0) == 0 and self.interval.get(v, 0) > self.probe and seen[-1].gain > r * seen[-1].ms:
+            self.interval[v] = self.probe                    # the last probe won its price by itself: sample again soon
+        interval = self.interval.setdefault(v, self.probe)
+        self.skips[v] = self.skips.get(v, 0) + 1
+        if self.skips[v] < interval:
+            return False
+        self.skips[v] = 0                                    # probe now; the next one after twice the interval
+        self.interval[v] = min(2 * interval, self.probe_max)
+        return True
 
     def observe(self, v: int, gain: int, ms: float) -> None:
         """A block verified at T=0 with budget v ran a pass of `ms` that won `gain` accepted tokens."""

@@ -684,9 +684,11 @@ def test_the_tuner_measures_its_curve_through_the_engines_own_execution_path(pai
 
 def test_budget_tuner_skips_a_redraft_pass_that_does_not_pay():
     """Blocks accept 2 tokens (+1 bonus) in 100 + 20 + 5 V ms, about 0.022 tokens/ms at budget 4. A 30 ms
-    re-draft pass pays only if it wins more than ~0.66 tokens: after 8 passes that won nothing it runs on
-    one block in 8 (the probe that keeps its gain measured); after passes that win a token each, on
-    every block. Before 8 passes at a budget, always; budgets without samples are untouched."""
+    re-draft pass pays only if it wins more than ~0.66 tokens: after 8 passes that won nothing it runs again
+    after 8 blocks (the probe that keeps its gain measured), and each probe that changes nothing doubles the
+    interval up to 64 (control: a probe that wins 2 tokens by itself brings it back to 8); after passes that
+    win a token each, on every block. Before 8 passes at a budget, always; budgets without samples are
+    untouched."""
     from cure_core.budget import BudgetTuner, CostCurve
 
     t = BudgetTuner(CostCurve((0, 16), (100.0, 180.0)), [0, 4, 8])
@@ -696,8 +698,13 @@ def test_budget_tuner_skips_a_redraft_pass_that_does_not_pay():
         t.observe_redraft(4, 0, 30.0)
         assert t.redraft_pays(4)                                     # fewer than 8 samples: run the pass
     t.observe_redraft(4, 0, 30.0)
-    runs = [t.redraft_pays(4) for _ in range(24)]
-    assert runs == ([False] * 7 + [True]) * 3                         # skipped, probed every 8th block
+    runs = [t.redraft_pays(4) for _ in range(8 + 16 + 32 + 64 + 64)]
+    probes = [i + 1 for i, run in enumerate(runs) if run]
+    assert probes == [8, 24, 56, 120, 184]                            # skipped; probes after 8, 16, 32, 64, 64
+    t.observe_redraft(4, 2, 30.0)                                     # the last probe won 2 tokens > 0.66
+    assert [t.redraft_pays(4) for _ in range(8)] == [False] * 7 + [True]   # back to one in 8
+    t.observe_redraft(4, 0, 30.0)                                     # that probe won nothing: 16 next
+    assert [t.redraft_pays(4) for _ in range(16)] == [False] * 15 + [True]
     assert t.redraft_pays(8)                                          # no sample at 8
     for _ in range(32):
         t.observe_redraft(4, 1, 30.0)                                 # each pass now wins a token
@@ -741,7 +748,6 @@ def test_cure_skips_a_redraft_pass_that_wins_nothing_and_stays_lossless(pair, mo
     assert [t for b in blocks for t in b.emitted] == generate_ids(pair, cfg.with_(strategy="ar"), prompt)
     skipped = [b for b in blocks if b.meta.get("redraft") == "skipped"]
     assert skipped and all(passes_in[b.index] == 0 for b in skipped)   # a skipped pass calls no drafter
-    assert all(b.timings.draft_ms < 40 for b in skipped)
     passes = engine.tuner.redraft.samples[16]
     assert len(passes) >= 8 and len(calls) >= len(passes)
     first = next(b.index for b in skipped)
