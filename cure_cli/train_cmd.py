@@ -82,6 +82,7 @@ def train_drafter(
     lora_alpha: Annotated[float, typer.Option("--lora-alpha", help="pard adapt: LoRA scale is alpha / rank.")] = 16.0,
     pard_train_embeddings: Annotated[bool, typer.Option("--pard-train-embeddings/--pard-freeze-embeddings", help="pard shrink: also train the copied embedding and lm_head (about 136M parameters for Qwen2.5: each step costs several times more on a CPU). Frozen by default, as DFlash keeps the target's.")] = False,
     seed: Annotated[int, typer.Option("--seed", help="Seeds the split, the init and every batch.")] = 0,
+    features_from: Annotated[Optional[list[Path]], typer.Option("--features-from", help="dflash: another run's features folder (OUT/features; repeatable): chunks it holds are copied instead of run through the target again, e.g. the old corpora of a further version.")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from OUT/checkpoint (features are reused).")] = False,
     device: Device = "cpu",
     threads: Annotated[int, typer.Option("--threads", help="CPU threads (torch.set_num_threads).")] = 2,
@@ -116,7 +117,7 @@ def train_drafter(
         eval_texts = [p.prompt for p in humaneval.load(limit=eval_prompts)]
     from cure_core.embedded import DEFAULT_TARGET
     opts = RunOptions(target=target or DEFAULT_TARGET, out=out, train=spec, data=data, device=device, layer_ids=ids,
-                      dflash_init=dflash_init, pard_init=pard_init, pard_base=pard_base, lora_rank=lora_rank, lora_alpha=lora_alpha,
+                      dflash_init=dflash_init, features_from=list(features_from or []), pard_init=pard_init, pard_base=pard_base, lora_rank=lora_rank, lora_alpha=lora_alpha,
                       pard_train_embeddings=pard_train_embeddings, resume=resume, eval_prompts=eval_prompts,
                       eval_set=eval_set, eval_new_tokens=eval_new_tokens, eval_texts=eval_texts, publish=publish)
     cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

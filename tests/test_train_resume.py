@@ -245,3 +245,43 @@ def test_dflash_init_starts_a_further_version_from_a_trained_drafters_weights(mo
     assert not (third / "features").exists()
     with pytest.raises(TrainError, match="--kind pard takes --pard-init"):
         run(_opts(models, third, "pard", steps=2, dflash_init=first), _bars, log=lambda m: None)
+
+
+def test_features_from_copies_the_chunks_another_run_computed(models, tmp_path, monkeypatch):
+    """--features-from: a further version trained on an old corpus plus a new one copies the old chunks'
+    features from the old run's folder and runs the target over the new chunks only; the result equals
+    a fresh extraction, chunk for chunk (control: without donors every chunk is a target forward). A
+    donor of other layers is refused, and `run` refuses it in one line before any feature pass."""
+    from cure_core.training import features as F
+    from cure_core.training.prepare import prepare_features
+    from cure_core.training.run import TrainError
+
+    old, new = tmp_path / "old.txt", tmp_path / "new.txt"
+    old.write_text("".join(f"def old_{i}(x):\n    return x * {i} + {i * i}\n\n" for i in range(40)))
+    new.write_text("".join(f"class New{i}:\n    value = '{i}' * {i}\n\n" for i in range(40)))
+    target, tpath = load_model(str(models / "target"))
+    tok = load_tokenizer(tpath)
+    calls = []
+    forward = F.target_forward
+    monkeypatch.setattr(F, "target_forward", lambda m, ids, layers: (calls.append(1), forward(m, ids, layers))[1])
+
+    def extract(folder, corpus, **kw):
+        calls.clear()
+        spec = DataSpec(corpus=[str(p) for p in corpus], seq_len=64, max_tokens=None, heldout_frac=0.0)
+        fs, _, chunks = prepare_features(spec, target, tok, "tiny", [0, 1], folder / "features", min_len=8, **kw)
+        return fs, chunks, len(calls)
+
+    fs_old, chunks_old, n_old = extract(tmp_path / "v1", [old])
+    fresh, chunks, n_fresh = extract(tmp_path / "control", [old, new])
+    assert n_old == len(chunks_old) and n_fresh == len(chunks) > n_old          # control: all computed
+    got, chunks2, n_got = extract(tmp_path / "v2", [old, new], features_from=[tmp_path / "v1" / "features"])
+    assert chunks2 == chunks and n_got == len(chunks) - len(chunks_old)         # only the new chunks ran
+    for a, b in zip(fresh.tokens + fresh.argmax + fresh.features, got.tokens + got.argmax + got.features):
+        assert torch.equal(a, b)
+    with pytest.raises(F.DonorError, match=r"this run needs tiny layers \[1\]"):
+        prepare_features(DataSpec(corpus=[str(new)], seq_len=64, heldout_frac=0.0), target, tok, "tiny", [1],
+                         tmp_path / "v3" / "features", min_len=8, features_from=[tmp_path / "v1" / "features"])
+    opts = _opts(models, tmp_path / "v4", "dflash", steps=1, features_from=[tmp_path / "v1"])
+    with pytest.raises(TrainError, match="no readable meta.json"):
+        run(opts, _bars, log=lambda m: None)
+    assert not (tmp_path / "v4" / "features").exists() and not (tmp_path / "v4" / "corpus").exists()

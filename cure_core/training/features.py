@@ -5,9 +5,15 @@ For every corpus chunk the target runs one plain forward; we keep the token ids,
 after decoder layers `layer_ids` (HF hidden_states[id + 1]) concatenated, in float16. Shards are
 safetensors files written atomically under DIR/features; a rerun or --resume skips shards already
 written for the same target/layers/chunks (meta.json fingerprint).
+
+A chunk's features depend on its tokens alone (one plain forward, no cache, no padding), so a further
+version trained on old corpora plus a new one need not run the target over the old text again:
+`donors` (other runs' feature folders, `train-drafter --features-from`) are indexed by chunk tokens,
+and a chunk found there is copied from it. Donors for another target or other layers are refused.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,9 +54,56 @@ def target_forward(model, ids: Sequence[int], layer_ids: Sequence[int]) -> tuple
     return am, feats
 
 
+class DonorError(ValueError):
+    """A --features-from folder that cannot give features to this run."""
+
+
+def _chunk_key(ids) -> str:
+    return hashlib.sha256(torch.as_tensor(ids, dtype=torch.int32).numpy().tobytes()).hexdigest()
+
+
+def check_donor(folder: str | Path, target: str, layer_ids: Sequence[int]) -> None:
+    """Raise DonorError unless `folder` holds features of `target` at `layer_ids`."""
+    mfile = Path(folder) / "meta.json"
+    try:
+        meta = json.loads(mfile.read_text())
+    except (OSError, ValueError):
+        raise DonorError(f"--features-from {folder}: no readable meta.json there (a train-drafter features "
+                         "folder, OUT/features)") from None
+    if meta.get("target") != target or list(meta.get("layer_ids", [])) != list(layer_ids):
+        raise DonorError(f"--features-from {folder}: its features are of {meta.get('target')} layers "
+                         f"{meta.get('layer_ids')}, this run needs {target} layers {list(layer_ids)}")
+
+
+class Donors:
+    """Other runs' cached features, looked up by chunk tokens (the module's rule)."""
+
+    def __init__(self, folders: Sequence[str | Path], target: str, layer_ids: Sequence[int]):
+        from safetensors import safe_open
+        self.index: dict[str, tuple[Path, int, int]] = {}     # chunk key -> (shard file, row from, row to)
+        for folder in map(Path, folders):
+            check_donor(folder, target, layer_ids)
+            for f in sorted(folder.glob("shard_*.safetensors")):
+                with safe_open(str(f), framework="pt") as d:
+                    toks, off = d.get_tensor("tokens"), d.get_tensor("offsets").tolist()
+                for j in range(len(off) - 1):
+                    self.index.setdefault(_chunk_key(toks[off[j]:off[j + 1]]), (f, off[j], off[j + 1]))
+
+    def get(self, ids) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """-> (argmax [L] int32, features [L, F] float16) of a chunk with these tokens, or None."""
+        hit = self.index.get(_chunk_key(ids))
+        if hit is None:
+            return None
+        from safetensors import safe_open
+        f, a, b = hit
+        with safe_open(str(f), framework="pt") as d:
+            return d.get_slice("argmax")[a:b], d.get_slice("features")[a:b]
+
+
 def extract(model, chunks: Sequence[Sequence[int]], layer_ids: Sequence[int], folder: str | Path, meta: dict,
-            progress=None) -> FeatureSet:
-    """Compute (or reuse) the cached features of `chunks` under `folder`; progress(n_tokens) per chunk."""
+            progress=None, donors: Donors | None = None) -> FeatureSet:
+    """Compute (or reuse) the cached features of `chunks` under `folder`, copying those `donors` hold;
+    progress(n_tokens) per chunk."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     meta = dict(meta, layer_ids=list(layer_ids), n_chunks=len(chunks), shard_chunks=SHARD_CHUNKS)
@@ -79,7 +132,8 @@ def extract(model, chunks: Sequence[Sequence[int]], layer_ids: Sequence[int], fo
             continue
         toks, ams, feats = [], [], []
         for c in part:
-            am, ft = target_forward(model, c, layer_ids)
+            hit = donors.get(c) if donors is not None else None
+            am, ft = hit if hit is not None else target_forward(model, c, layer_ids)
             toks.append(torch.tensor(c, dtype=torch.int32))
             ams.append(am.to(torch.int32))
             feats.append(ft.to(torch.float16).cpu())

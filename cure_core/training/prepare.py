@@ -3,13 +3,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
 from . import corpus as C
 from .distill import distill
-from .features import FeatureSet, extract
+from .features import Donors, FeatureSet, extract
 from .prompt_mix import prompt_mix
 
 
@@ -63,9 +63,11 @@ def build_docs(spec: DataSpec, model=None, tokenizer=None, progress_factory: Cal
 
 
 def prepare_features(spec: DataSpec, model, tokenizer, target_name: str, layer_ids: list[int], folder: Path,
-                     min_len: int, progress_factory=None, target_pass: bool = True) -> tuple[FeatureSet, list, list[list[int]]]:
+                     min_len: int, progress_factory=None, target_pass: bool = True,
+                     features_from: Sequence[str | Path] = ()) -> tuple[FeatureSet, list, list[list[int]]]:
     """-> (features of the training chunks, held-out docs, training chunks). target_pass=False skips the
-    target's forward over the chunks (nothing to cache: no layers, and the labels are the text)."""
+    target's forward over the chunks (nothing to cache: no layers, and the labels are the text).
+    features_from: other runs' feature folders; chunks they hold are copied, not recomputed (features.py)."""
     train, held = build_docs(spec, model, tokenizer, progress_factory, corpus_dir=Path(folder).parent / "corpus",
                              target_name=target_name)
     enc = lambda s: tokenizer.encode(s, add_special_tokens=False)   # noqa: E731
@@ -81,5 +83,6 @@ def prepare_features(spec: DataSpec, model, tokenizer, target_name: str, layer_i
         toks = [torch.tensor(c, dtype=torch.long) for c in chunks]
         # argmax is unused with text labels; the text stands in for it.
         return FeatureSet(toks, toks, [torch.zeros((len(c), 0), dtype=torch.float16) for c in chunks]), held, chunks
-    fs = extract(model, chunks, layer_ids, folder, meta, progress=progress)
+    donors = Donors(features_from, target_name, layer_ids) if features_from else None
+    fs = extract(model, chunks, layer_ids, folder, meta, progress=progress, donors=donors)
     return fs, held, chunks

@@ -16,6 +16,7 @@ from ..errors import CureError
 from .cards import EVAL_SOURCE, write_cards
 from .checkpoint import read_state
 from .io import atomic_write_json
+from .features import DonorError, check_donor
 from .prepare import DataSpec, default_layer_ids, prepare_features
 from .prompt_mix import MIXES
 from .trainer import CKPT_DIR, TrainSpec, draft_vocab_ids, frequent_labels, train
@@ -40,6 +41,8 @@ class RunOptions:
     layer_ids: list[int] | None = None      # dflash: target decoder layers to condition on
     dflash_init: Path | None = None         # dflash: start from this drafter's weights (same layers and target
                                             # layers), not from a copy of the target's last layer
+    features_from: list[Path] = field(default_factory=list)  # other runs' features folders: chunks they hold
+                                            # are copied, not run through the target again (features.py)
     pard_init: str = "shrink"               # pard: shrink (target with fewer layers) | scratch | adapt (LoRA on pard_base)
     pard_base: str | None = None            # pard adapt: the base causal LM (an embedded alias: loads from its cache)
     lora_rank: int = 8                      # pard adapt: LoRA rank on every attention / MLP projection
@@ -165,6 +168,11 @@ def run(opts: RunOptions, progress_factory: Callable, log: Callable = print) -> 
         layer_ids = sorted(set(opts.layer_ids)) if opts.layer_ids else default_layer_ids(n_layers)
         if min(layer_ids) < 0 or max(layer_ids) >= n_layers:
             raise TrainError(f"--target-layers {layer_ids} must lie in 0..{n_layers - 1}")
+    for folder in opts.features_from:           # checked before the corpus and feature passes
+        try:
+            check_donor(folder, opts.target, layer_ids)
+        except DonorError as e:
+            raise TrainError(str(e)) from None
 
     init_state = None
     if opts.dflash_init is not None:            # checked before the feature pass, which can take minutes
@@ -180,7 +188,8 @@ def run(opts: RunOptions, progress_factory: Callable, log: Callable = print) -> 
     # on a self-distilled corpus the text after each prompt is the target's own greedy answer already.
     fs, held, _ = prepare_features(data, target, tok, opts.target, layer_ids, out / "features",
                                    min_len=spec.block_size + 2, progress_factory=progress_factory,
-                                   target_pass=spec.kind == "dflash" or spec.labels == "target")
+                                   target_pass=spec.kind == "dflash" or spec.labels == "target",
+                                   features_from=opts.features_from)
     log(f"features: {len(fs)} chunks, {fs.n_tokens} tokens, layers {layer_ids or '-'}, mask token {mask_id}")
     vocab = int(target.get_output_embeddings().weight.shape[0])
     subset = frequent_labels(fs, spec, vocab, mask_id)
