@@ -149,7 +149,6 @@ def run(opts: RunOptions, progress_factory: Callable, log: Callable = print) -> 
     from ..models import load_model, load_tokenizer
     torch.manual_seed(spec.seed)
     out = Path(opts.out)
-    out.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
     target, tpath = load_model(opts.target, opts.device, opts.dtype)
     for p in target.parameters():
@@ -183,6 +182,7 @@ def run(opts: RunOptions, progress_factory: Callable, log: Callable = print) -> 
                 target.config, layer_ids, spec.layers, spec.block_size, mask_id, attn_bias))
         except D.DrafterInitError as e:
             raise TrainError(str(e)) from None
+    out.mkdir(parents=True, exist_ok=True)      # only once the options are known good: a refusal leaves nothing
 
     # A PARD drafter on text labels needs nothing from the target's forward (no features, no argmax):
     # on a self-distilled corpus the text after each prompt is the target's own greedy answer already.
