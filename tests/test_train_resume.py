@@ -271,7 +271,7 @@ def test_features_from_copies_the_chunks_another_run_computed(models, tmp_path, 
         fs, _, chunks = prepare_features(spec, target, tok, "tiny", [0, 1], folder / "features", min_len=8, **kw)
         return fs, chunks, len(calls)
 
-    fs_old, chunks_old, n_old = extract(tmp_path / "v1", [old])
+    _, chunks_old, n_old = extract(tmp_path / "v1", [old])
     fresh, chunks, n_fresh = extract(tmp_path / "control", [old, new])
     assert n_old == len(chunks_old) and n_fresh == len(chunks) > n_old          # control: all computed
     got, chunks2, n_got = extract(tmp_path / "v2", [old, new], features_from=[tmp_path / "v1" / "features"])
