@@ -283,7 +283,11 @@ class Engine:
                 redraft = tuner.redraft_pays(budget)
             else:
                 redraft = True
-            plan = build_tree(block_cfg, proposal, drafter, graft, redraft)
+            # the lookup graft goes in while it wins acceptance at this budget (LookupStats.grafts); at T=0
+            # the tree with it flipped is built too, so every block measures it
+            graft_on = lookup is None or lookup.grafts(budget)
+            plan = build_tree(block_cfg, proposal, drafter, graft, redraft, graft_on,
+                              flip=graft is not None and cfg.temperature == 0)
             tree = plan.tree
             t_tree_end = now()
 
@@ -318,6 +322,9 @@ class Engine:
             accepted = set(path)
             if lookup is not None and plan.lookup_nodes:
                 lookup.observe(plan.lookup_nodes, accepted)
+            if plan.lookup_alt is not None:                # T=0: what the graft won or lost this block
+                greedy = [tree.tokens[i] for i in path] + [bonus]
+                lookup.observe_gain(budget, plan.grafted, len(path), len(path_nodes(plan.lookup_alt, greedy)))
             nodes = tuple(TreeNode(token=tree.tokens[i], parent=tree.parents[i], depth=tree.depths[i],
                                    branch=tree.branches[i], accepted=i in accepted) for i in range(len(tree)))
             winner = tree.branches[path[-1]] if path else 0
@@ -336,7 +343,8 @@ class Engine:
                                 draft_ms=(t_tree - t_draft) * 1e3 + plan.redraft_ms,
                                 tree_ms=(t_tree_end - t_tree) * 1e3 - plan.redraft_ms,
                                 verify_ms=(t_verify - t_tree_end) * 1e3, commit_ms=(t_commit - t_verify) * 1e3),
-                stop=stop, meta=self._budget_meta(tuner, budget, cfg, draft_stop, redraft))
+                stop=stop, meta=self._budget_meta(tuner, budget, cfg, draft_stop, redraft,
+                                                  graft is not None and not graft_on))
             if plan.unrepaired is not None and cfg.temperature == 0 and (tuner is not None or price is not None):
                 # what the re-draft pass won: the target's greedy path (accepted + bonus) walked down the
                 # tree before the pass holds `held` of its tokens, and that tree would have accepted them
@@ -360,10 +368,15 @@ class Engine:
 
     @staticmethod
     def _budget_meta(tuner: BudgetTuner | None, budget: int, cfg: DecodeConfig, draft_stop: float | None = None,
-                     redraft: bool = True) -> dict:
+                     redraft: bool = True, withheld: bool = False) -> dict:
+        meta = {} if tuner is None else {"v_max": budget, "predicted_speedup": tuner.last_prediction,
+                                         "tuning": tuner.last_phase}
+        if withheld:
+            meta["lookup"] = "withheld"                  # LookupStats.grafts: the graft lost acceptance here
         if tuner is None:
-            return {} if redraft else {"redraft": "skipped"}   # a fixed budget's RedraftPrice: it would not pay
-        meta = {"v_max": budget, "predicted_speedup": tuner.last_prediction, "tuning": tuner.last_phase}
+            if not redraft:
+                meta["redraft"] = "skipped"              # a fixed budget's RedraftPrice: it would not pay
+            return meta
         if not redraft:
             meta["redraft"] = "skipped"                  # BudgetTuner.redraft_pays: the pass would not pay
         if draft_stop is not None:

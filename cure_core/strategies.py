@@ -39,6 +39,10 @@ class TreePlan:
                                         # as the tree holds the path (lookup.LookupStats learns from them)
     unrepaired: DraftTree | None = None  # cure best-first after a re-draft pass: the tree before it (what the
                                          # block would have verified without the pass: redraft_price.py)
+    grafted: bool = False                # the lookup graft went into the heap (LookupStats.grafts)
+    lookup_alt: DraftTree | None = None  # the tree with the graft flipped (without it where grafted, with it where
+                                         # withheld), where it is exactly what the block would have verified
+                                         # otherwise (no re-draft pass ran): what LookupStats.observe_gain learns from
 
 
 def best_first_tree(cfg: DecodeConfig) -> bool:
@@ -112,9 +116,12 @@ def propose(cfg: DecodeConfig, drafter: Drafter, root: int, n: int, stop_logp: f
 
 
 def build_tree(cfg: DecodeConfig, proposal: Proposal | None, drafter: Drafter | None,
-               graft: Graft | None = None, redraft: bool = True) -> TreePlan:
+               graft: Graft | None = None, redraft: bool = True, graft_on: bool = True,
+               flip: bool = False) -> TreePlan:
     """The block's tree. `redraft=False`: best-first cure skips its re-draft pass (the tuner's
-    `redraft_pays` or a fixed budget's RedraftPrice), so the tree is ddtree's (with the lookup graft)."""
+    `redraft_pays` or a fixed budget's RedraftPrice), so the tree is ddtree's (with the lookup graft).
+    `graft_on=False`: the lookup continuation `graft` stays out of the heap (LookupStats.grafts);
+    `flip`: also build the tree with it flipped (TreePlan.lookup_alt), to measure what it wins."""
     if cfg.strategy == "ar" or proposal is None:
         return TreePlan(DraftTree())
     if cfg.strategy in CHAIN_STRATEGIES:
@@ -124,7 +131,7 @@ def build_tree(cfg: DecodeConfig, proposal: Proposal | None, drafter: Drafter | 
     if cfg.strategy == "cure" and cfg.cure_tree == "paper":
         return build_cure_tree(cfg, proposal, drafter)
     if cfg.strategy == "cure":
-        return build_cure_best_first(cfg, proposal, drafter, graft, redraft)
+        return build_cure_best_first(cfg, proposal, drafter, graft, redraft, graft_on, flip)
     return TreePlan(build_ddtree(cfg, proposal))
 
 
@@ -330,13 +337,21 @@ def substitutions(bf: BestFirst, depth_limit: int, count: int) -> list[int]:
 
 
 def build_cure_best_first(cfg: DecodeConfig, proposal: Proposal, drafter: Drafter,
-                          graft: Graft | None = None, redraft: bool = True) -> TreePlan:
+                          graft: Graft | None = None, redraft: bool = True, graft_on: bool = True,
+                          flip: bool = False) -> TreePlan:
     """Repair-aware best-first: the ddtree of the block, then the subtrees under its best substitutions
     (`redraft_policy`: how many, and the blend weight) re-drafted in ONE batched drafter pass conditioned
     on the substituted token, then best-first again with the re-drafted log-probs competing for the same
     budget. With no substitution worth it, this is ddtree's tree at no extra cost. Over a causal chain
     drafter the substitutions are its chain_substitutions, already re-drafted inside its proposal
-    (redrafts_while_drafting), so no pass follows."""
+    (redrafts_while_drafting), so no pass follows.
+    The lookup `graft` goes in where `graft_on`; with `flip`, the tree with it flipped is built too where
+    that is exactly the block's other tree: where neither tree runs a re-draft pass, or with a chain's own
+    re-drafts (which do not depend on the tree). Where a pass ran, the flipped tree would have chosen its
+    own substitutions: no measurement."""
+    used, other = (graft, None) if graft_on else (None, graft)
+    flip = flip and graft is not None and bool(graft.tokens)
+    graft = used
     n = len(proposal.tokens)
     policy = redraft_policy(cfg, drafter)
     base = Table.of(proposal)
@@ -353,7 +368,13 @@ def build_cure_best_first(cfg: DecodeConfig, proposal: Proposal, drafter: Drafte
         first = best_first(base, cfg.v_max, graft=graft)
         prefixes = [list(first.paths[i]) for i in substitutions(first, n, policy.count)] if redraft else []
         if not prefixes:
-            return TreePlan(first.tree, lookup_nodes=graft_nodes(first.tree, graft))
+            alt = None
+            if flip:                                    # exact unless the flipped tree would have re-drafted
+                other_bf = best_first(base, cfg.v_max, graft=other)
+                if not redraft or not substitutions(other_bf, n, policy.count):
+                    alt = other_bf.tree
+            return TreePlan(first.tree, lookup_nodes=graft_nodes(first.tree, graft), grafted=graft is not None,
+                            lookup_alt=alt)
     t0 = time.perf_counter()
     if fused and proposal.redrafts:
         redrafted = [proposal.redrafts[tuple(p)] for p in prefixes]
@@ -376,8 +397,9 @@ def build_cure_best_first(cfg: DecodeConfig, proposal: Proposal, drafter: Drafte
     margins = proposal.margins if by_pos else []
     ufps = tuple(UFP(position=pos, margin=margins[pos], budget=len(alts), alternatives=tuple(alts))
                  for pos, alts in sorted(by_pos.items()))
+    alt = best_first(base, cfg.v_max, under, other).tree if flip and fused else None
     return TreePlan(final.tree, ufps, redraft_ms=redraft_ms, lookup_nodes=graft_nodes(final.tree, graft),
-                    unrepaired=None if fused else first.tree)
+                    unrepaired=None if fused else first.tree, grafted=graft is not None, lookup_alt=alt)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """Prompt lookup grafted into best-first cure (cure_core/lookup.py): the continuation rule, the graft in
 the best-first heap, the acceptance it learns, and losslessness."""
+import itertools
 import math
 
 import pytest
@@ -126,3 +127,73 @@ def test_branch_numbers_stay_valid_trace_records():
     base = table([[(1, 0.3), (2, 0.2)], [(3, 0.5), (4, 0.4)], [(5, 0.9), (6, 0.1)]])
     bf = best_first(base, 8, graft=Graft([2, 4, 6], [math.log(0.95)] * 3))     # grafted first, adopted later
     assert all(0 <= b <= i + 1 for i, b in enumerate(bf.tree.branches))
+
+
+def test_the_graft_is_withheld_where_it_loses_and_back_where_it_wins():
+    s = LookupStats()
+    assert s.grafts(4)                                   # nothing measured: graft
+    for _ in range(7):
+        s.observe_gain(4, grafted=True, accepted=1, alt_held=2)     # the tree without it held one more
+    assert s.gains[4][-1] == -1 and s.grafts(4)          # 7 < min_samples: still grafts
+    s.observe_gain(4, grafted=True, accepted=1, alt_held=2)
+    assert not s.grafts(4) and s.grafts(8)               # withheld at 4 only: each budget is its own
+    # withheld blocks keep measuring: the flipped tree (with the graft) would have accepted more
+    for _ in range(8):
+        s.observe_gain(4, grafted=False, accepted=0, alt_held=1)    # alt holds accepted + 1: >= +1
+    assert list(s.gains[4])[-8:] == [1] * 8 and s.grafts(4)         # mean 0 over the 16: grafts again
+    s.observe_gain(8, grafted=True, accepted=3, alt_held=1)         # exact where alt holds fewer
+    s.observe_gain(8, grafted=False, accepted=3, alt_held=1)
+    assert list(s.gains[8]) == [2, -2]
+    for _ in range(40):
+        s.observe_gain(2, grafted=True, accepted=0, alt_held=0)
+    assert len(s.gains[2]) == s.window and s.grafts(2)   # a window; a graft that changes nothing stays
+
+
+PROMPTS = [list(b"abc def abc def abc def abc"), list(b"x = a(b); y = a(b); z = a("),
+           list(b"ab ab ab ab ab ab"), list(b"(x)(y)(x)(y)(x)("), list(b"if a: b\nif a: b\nif a:")]
+
+
+def test_the_measured_gain_is_what_the_flipped_tree_accepts(target, drafts, monkeypatch):
+    """The first block of a generation grafted and the same block withheld (grafts forced either way): the
+    gain each run records from its flipped tree equals the difference of the two real verifications,
+    censored at one token where the flipped tree holds the whole greedy path."""
+    measured = differs = 0
+    for noise, (v_max, k) in itertools.product(("mild", "strong"), [(3, 4), (5, 6), (8, 6)]):
+        pair = make_pair(target, drafts[noise])
+        cfg = DecodeConfig(strategy="cure", k=k, v_max=v_max, max_new_tokens=12, lookup=8, redrafts=0)
+        for prompt in PROMPTS:
+            runs = {}
+            for forced in (True, False):
+                monkeypatch.setattr(LookupStats, "grafts", lambda self, v, forced=forced: forced)
+                engine = Engine(pair, cfg)
+                first = next(iter(engine.generate(prompt)))
+                gains = next(iter(engine._lookups.values())).gains.get(v_max)
+                runs[forced] = (len(first.accepted), gains[0] if gains else None, first.meta.get("lookup"))
+            (a, rec_on, meta_on), (b, rec_off, meta_off) = runs[True], runs[False]
+            assert meta_on is None
+            if rec_on is None:                           # no continuation at the first block
+                assert rec_off is None
+                continue
+            assert meta_off == "withheld"
+            assert rec_on == max(a - b, -1) and rec_off == min(a - b, 1)
+            measured += 1
+            differs += a != b
+    assert measured >= 20 and differs > 0               # the graft changed some blocks: the check can fail
+
+
+def test_the_engine_withholds_a_losing_graft_and_stays_lossless(target, drafts):
+    pair = make_pair(target, drafts["strong"])
+    cfg = DecodeConfig(strategy="cure", k=6, v_max=5, max_new_tokens=30, lookup=6, redrafts=0)
+    prompt = PROMPTS[0]
+    ar = generate_ids(pair, cfg.with_(strategy="ar"), prompt)
+    for gain, withheld in ((-1, True), (1, False)):                 # and the control: a graft that wins
+        engine = Engine(pair, cfg)
+        list(engine.generate(prompt[:5]))                           # creates the engine's stats
+        stats = next(iter(engine._lookups.values()))
+        stats.gains.clear()
+        for _ in range(stats.min_samples):
+            stats.observe_gain(5, grafted=True, accepted=1, alt_held=1 - gain)
+        blocks = list(engine.generate(prompt))
+        assert [t for b in blocks for t in b.emitted] == ar
+        marked = [b for b in blocks if b.meta.get("lookup") == "withheld"]
+        assert bool(marked) == withheld
