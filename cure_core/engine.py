@@ -317,14 +317,15 @@ class Engine:
                 state.drafter_ids += [root] + resync_tokens
             t_commit = now()
 
-            emitted = [tree.tokens[i] for i in path] + [bonus]
-            emitted, stop = _cut(emitted, cfg.max_new_tokens - new, len(prompt) + new, limit, eos)
+            # the target's path from the root: accepted tokens + bonus (at T=0 its greedy continuation, which
+            # any other tree for this block would have accepted as far as it holds it)
+            walked = [tree.tokens[i] for i in path] + [bonus]
+            emitted, stop = _cut(walked, cfg.max_new_tokens - new, len(prompt) + new, limit, eos)
             accepted = set(path)
             if lookup is not None and plan.lookup_nodes:
                 lookup.observe(plan.lookup_nodes, accepted)
             if plan.lookup_alt is not None:                # T=0: what the graft won or lost this block
-                greedy = [tree.tokens[i] for i in path] + [bonus]
-                lookup.observe_gain(budget, plan.grafted, len(path), len(path_nodes(plan.lookup_alt, greedy)))
+                lookup.observe_gain(budget, plan.grafted, len(path), len(path_nodes(plan.lookup_alt, walked)))
             nodes = tuple(TreeNode(token=tree.tokens[i], parent=tree.parents[i], depth=tree.depths[i],
                                    branch=tree.branches[i], accepted=i in accepted) for i in range(len(tree)))
             winner = tree.branches[path[-1]] if path else 0
@@ -348,7 +349,7 @@ class Engine:
             if plan.unrepaired is not None and cfg.temperature == 0 and (tuner is not None or price is not None):
                 # what the re-draft pass won: the target's greedy path (accepted + bonus) walked down the
                 # tree before the pass holds `held` of its tokens, and that tree would have accepted them
-                held = len(path_nodes(plan.unrepaired, [tree.tokens[i] for i in path] + [bonus]))
+                held = len(path_nodes(plan.unrepaired, walked))
                 (tuner.observe_redraft if tuner is not None else price.observe)(budget, len(path) - held,
                                                                                  plan.redraft_ms)
             if price is not None:
