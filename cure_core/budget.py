@@ -203,7 +203,8 @@ class BudgetTuner:
     def __init__(self, curve: CostCurve, candidates: list[int], window: int = 64, explore_every: int = 8,
                  warmup: int = 2, explore_max: int = 64, warmup_cost: float = 2.0,
                  steps: Callable[[int], int] | None = None, priced_before_zero: int = 3,
-                 redraft_min: int = 8, redraft_probe: int = 8, stale_after: int = 32, stale_ratio: float = 2.0):
+                 redraft_min: int = 8, redraft_probe: int = 8, stale_after: int = 32, stale_ratio: float = 2.0,
+                 memory: int = 256, probe_min: int = 8):
         self.curve = curve
         # sequential drafter steps a budget costs (an AR chain: one per drafted position, min(V, K-1));
         # None: one pass at any budget (a block-parallel drafter)
@@ -224,6 +225,10 @@ class BudgetTuner:
         cheap = [v for v in self.candidates if v > 0 and curve.verify(v) <= warmup_cost * curve.verify(0)]
         self.warmup_budget = max(cheap) if cheap else min((v for v in self.candidates if v > 0), default=0)
         self.history: list[tuple[list[int], int, bool]] = []   # (sorted accepted node indices, tree size, cut)
+        # the last `memory` blocks are kept; each budget's a(V) increment is over the last `window` of them that
+        # tell it, and a budget told by fewer than `probe_min` of them is thin (`wide_probe`)
+        self.memory = max(memory, window)
+        self.probe_min = probe_min
         self._accept: dict[int, float | None] = {}           # cached `expected_accept`, reset per block
         self.costs: list[DraftCost] = []                     # one per drafting block: budget, positions, C_d ms
         self._line: tuple[float, float] | None = None        # cached (c0, c1) of `cost_line`, reset per sample
@@ -255,28 +260,42 @@ class BudgetTuner:
         for each next budget u_j <= v, the mean increment a(u_j) - a(u_j-1) over the blocks that tell
         a(u_j). With every block telling every budget this is the plain mean (the sums telescope). None
         when no block tells a(v)."""
+        if v <= 0:
+            return 0.0 if self.history else None
         if not self._accept:                               # every candidate's, in one sweep up the chain
             self._accept = self._chain([c for c in self.candidates if c > 0])
         if v not in self._accept:
             self._accept.update(self._chain([c for c in self.candidates if 0 < c < v] + [v]))
-        return self._accept[v] if v > 0 else (0.0 if self.history else None)
+        return self._accept[v]
 
     def _chain(self, levels: list[int]) -> dict[int, float | None]:
         """{u: a(u)} for increasing budgets `levels`, each the one below's plus the mean increment over the
-        blocks that tell it (None from the first that no block tells)."""
-        recent = self.history[-self.window:]
+        blocks that tell it: those among the last `window` blocks, and older ones from `memory` until there
+        are `probe_min` (None from the first level that no block tells). Rule: a level told only by warm-up and
+        exploration blocks had one or two of them in the window, and their luck was its estimate (five 16-node
+        probes that accepted 0-1 tokens held a HumanEval run on 1-node trees, `wide_probe`); the window alone
+        still decides where it holds enough, so the estimate follows drafts that change."""
         out: dict[int, float | None] = {}
         total, prev = 0.0, 0
+        # (age, accepted, tree size, cut), newest first; a block that does not tell a(u) tells no level above
+        # it, so each level filters the one below's
+        tell = [(age, *h) for age, h in enumerate(reversed(self.history))]
         for u in levels:
             # a block tells a(u) unless its tree was cut (by its budget or the generation's end) below u
-            inc = [bisect.bisect_left(acc, u) - bisect.bisect_left(acc, prev)
-                   for acc, size, cut in recent if not (cut and u > size)]
-            if not inc:
+            tell = [e for e in tell if not (e[3] and u > e[2])]
+            if not tell:
                 out.update((w, None) for w in levels if w >= u)
                 break
+            keep = max(self.probe_min, bisect.bisect_left(tell, (self.window,)))
+            inc = [bisect.bisect_left(acc, u) - bisect.bisect_left(acc, prev) for _, acc, _, _ in tell[:keep]]
             total += sum(inc) / len(inc)
             out[u], prev = total, u
         return out
+
+    def told(self, v: int, last: int | None = None) -> int:
+        """Blocks that tell a(v), among the last `last` blocks (None: all of memory)."""
+        recent = self.history[-last:] if last else self.history
+        return sum(1 for _, size, cut in recent if not (cut and v > size))
 
     def expected_size(self, v: int) -> float:
         """E[V(T)] under budget v: a tree holds min(v, the nodes its block offered); for a block whose
@@ -454,7 +473,10 @@ class BudgetTuner:
                 # interval doubles (up to explore_max) while the best has not moved since the last exploration,
                 # and falls back to explore_every when it moves: settled at budget 0 on a CPU, exploring V=1
                 # every 8th block would cost several percent for good.
-                same = choice == self.settled
+                # A wide probe over thin budgets (`wide_probe`) keeps the interval at explore_every: what it is
+                # for is `probe_min` telling blocks soon, not one now and then.
+                thin = probe == self.warmup_budget and any(self.thin(v) for v in self.candidates if choice < v <= probe)
+                same = choice == self.settled and not thin
                 self.interval = min(2 * self.interval, self.explore_max) if same else self.explore_every
                 self.settled = choice
                 self.next_explore = self.blocks + self.interval
@@ -503,17 +525,26 @@ class BudgetTuner:
         return bigger[0] if bigger else None
 
     def wide_probe(self, best: int) -> bool:
-        """Whether an exploration from `best` tries the warm-up budget instead of one step up. Rule: once the
-        warm-up blocks have left the window, blocks settled at `best` tell a(V) for V <= best only, so every
-        budget above is unrated, and one-step-up explorations climb only while each single step pays for
-        itself. A cost curve with a step at the low end (a node more costs 10% where the next six cost
-        nothing) and a(2) - a(1) too small to pay for it held the default pair's tuner on 1-node trees for
-        all of a held-out HumanEval set (cure tau 1.43, parallel's 1.44; 0.99 nodes a block) while 8-node
-        trees accepted far more (benchmarks/results/peers60_qwen05b_v5_cpu). A block verified at the
-        warm-up budget tells a(V) for every V up to it at once, for at most `warmup_cost` one-token steps;
-        so while a budget between `best` and the warm-up budget is unrated, the exploration goes there."""
+        """Whether an exploration from `best` tries the warm-up budget instead of one step up. Rule: blocks
+        settled at `best` tell a(V) for V <= best only, so every budget above rests on the warm-up and
+        exploration blocks, and one-step-up explorations climb only while each single step pays for itself.
+        A cost curve with a step at the low end (a node more costs 10% where the next six cost nothing) and
+        a(2) - a(1) too small to pay for it held the default pair's tuner on 1-node trees for all of a
+        held-out HumanEval set (cure tau 1.43, parallel's 1.44; 0.99 nodes a block) while 8-node trees
+        accepted far more (benchmarks/results/peers60_qwen05b_v5_cpu). A block verified at the warm-up
+        budget tells a(V) for every V up to it at once, for at most `warmup_cost` one-token steps; so while
+        a budget between `best` and the warm-up budget is unrated in the window, or thin (told by fewer than
+        `probe_min` blocks in memory), the exploration goes there. Asking for one telling block was not enough: on HumanEval 41-60
+        five probes at 16 nodes that accepted 0, 1, 0, 0 and 1 tokens rated every tree above 2 nodes below
+        1-node trees for 389 of 431 blocks, where ddtree's tuner, whose probes accepted 2 a block, ran
+        4-node trees (benchmarks/results/tuner_trace_he41_60_qwen05b_cpu)."""
         wide = self.warmup_budget
-        return wide > best and any(self.expected_accept(v) is None for v in self.candidates if best < v <= wide)
+        return wide > best and any(self.thin(v) or self.told(v, self.window) == 0
+                                   for v in self.candidates if best < v <= wide)
+
+    def thin(self, v: int) -> bool:
+        """Whether fewer than `probe_min` blocks in memory tell a(v)."""
+        return self.told(v) < self.probe_min
 
     def redraft_pays(self, v: int) -> bool:
         """Whether best-first cure's re-draft pass runs at budget v: while its measured gain beats the
@@ -580,8 +611,8 @@ class BudgetTuner:
         # an uncut tree, each prompt's last, short block taught a(V) = its few nodes for every V.
         self.history.append((sorted(block.accepted), block.tree_size, clipped or block.tree_size >= budget))
         self._accept = {}
-        if len(self.history) > 4 * self.window:
-            del self.history[: -self.window]
+        if len(self.history) > self.memory + self.window:
+            del self.history[: -self.memory]
             del self.costs[: -self.window]
             del self.chains[: -self.window]
             del self.verify_scale[: -self.window]

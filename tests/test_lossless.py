@@ -286,25 +286,29 @@ def test_the_drafter_takes_in_the_prompt_in_the_prefill_step(target, drafts, str
 
 
 def test_budget_tuner_explores_ever_more_rarely_while_the_best_stays_put():
-    """Settled at budget 0 (weak drafts, steep curve): exploration blocks get rarer (8, 8, 16, 32, 64
-    blocks apart, then 64). When the drafts become good, an exploration that beats its estimate brings
-    exploration back to every 8th block and the tuner leaves 0 within a few explorations."""
+    """Settled at budget 0 (weak drafts, steep curve): the first explorations probe the warm-up budget
+    every 8th block until `probe_min` blocks tell every budget up to it; from then on exploration blocks
+    get rarer (8, 16, 32, 64 blocks apart, then 64). When the drafts become good, an exploration that beats
+    its estimate brings exploration back to every 8th block and the tuner leaves 0 within a few explorations."""
     from cure_core.budget import BudgetTuner, CostCurve
 
     def block(accepted, size):
         return tuner_block(accepted, size, draft_ms=20.0)
     curve = CostCurve((0, 1, 7, 16), (100.0, 130.0, 180.0, 260.0))
     t = BudgetTuner(curve, [0, 1, 4, 7, 16])
-    explored = []
+    explored, probed = [], []
     for i in range(200):
         v = t.choose()
         if i >= t.warmup and v > 0:
             explored.append(i)
+            probed.append(v)
         t.observe(block([], min(v, 16)), v)                # nothing is ever accepted
     gaps = [b - a for a, b in zip(explored, explored[1:])]
     assert explored[0] == t.warmup + t.explore_every - 1
-    assert gaps[:5] == [8, 16, 32, 64, 64]
-    assert len(explored) <= 6                              # every 8th block would be 24
+    probes = t.probe_min - t.warmup                        # the warm-up blocks tell every budget up to 7
+    assert gaps == [8] * probes + [16, 32, 64]                 # 200 blocks: the next would be at 233
+    assert probed[:probes] == [t.warmup_budget] * probes and probed[probes:probes + 3] == [1, 1, 1]
+    assert len(explored) <= probes + 6                     # every 8th block would be 24
     choices = []
     for _ in range(150):                                   # the drafts suddenly become perfect
         v = t.choose()
@@ -419,9 +423,39 @@ def test_budget_tuner_probes_the_warm_up_budget_where_budgets_above_the_best_are
     assert wide[0] == 16 and up[0] == 16                             # both warm up at the warm-up budget
     assert set(up[100:]) == {0, 1}                                   # the control: never sees past budget 1
     first = wide.index(8, 100)
-    assert first <= 100 + 64                                         # the next exploration at the latest
+    # the second exploration at the latest: the first may still see the last thin probe (block 49) in its
+    # window and step up to 1
+    assert first <= 100 + 2 * 64
     assert wide[first:].count(8) >= 0.9 * len(wide[first:])          # ...and 8 wins from then on
     assert 16 in wide[:100] and set(wide[:100]) <= {0, 1, 16}        # before: probes at 16, else budget 0
+
+
+def test_budget_tuner_rates_trees_above_the_best_on_several_probes_not_one():
+    """Half the blocks are hard (nothing accepted); in the others the target takes nodes 0, 2 and 3 (a repair
+    tree's siblings), so a(1) = a(2) = 0.5 but a(4) = 1.5, and 4-node trees win by far on a curve with a step
+    at the low end. Rated on the one or two probes the window held (`probe_min` 1: the rule before), a run
+    whose first probes fell on hard blocks stayed on 1-node trees for most of 200 blocks, in 7 of 40 seeds;
+    with `probe_min` 8 probes, a lucky or unlucky one moves the estimate by an eighth."""
+    import random
+
+    from cure_core.budget import BudgetTuner, CostCurve
+
+    curve = CostCurve((0, 1, 2, 4, 16), (100.0, 100.0, 115.0, 115.0, 125.0))
+
+    def share_of_trees(seed, probe_min):
+        rng, t, big = random.Random(seed), BudgetTuner(curve, [0, 1, 2, 4, 8, 16], probe_min=probe_min), 0
+        for _ in range(200):
+            v = t.choose()
+            big += v >= 4
+            good = rng.random() < 0.5
+            t.observe(tuner_block([j for j in (0, 2, 3) if good and j < v], v, draft_ms=10.0), v)
+        return big / 200
+
+    one = [share_of_trees(seed, 1) for seed in range(40)]
+    several = [share_of_trees(seed, 8) for seed in range(40)]
+    assert sum(f < 0.3 for f in one) >= 5                            # the control: stuck on 1-node trees
+    assert sum(f < 0.5 for f in several) <= 1
+    assert sum(several) / 40 >= 0.9 > sum(one) / 40 + 0.15
 
 
 def test_budget_tuner_drops_a_cached_cost_curve_that_verification_times_disown(private_cost_curves):
