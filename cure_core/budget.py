@@ -551,7 +551,14 @@ class BudgetTuner:
         predicted rate(v) x its ms (the rule and why: redraft_price.py). On the 1.5B showcase pair's PARD
         drafter the pass bought +0.09 tau at 4-node trees for a second drafter forward, and cure ran behind
         ddtree, which never re-drafts (benchmarks/results/showcase_qwen15b_pard7697_s15_cpu/tune). Over a
-        chain drafter the re-drafts ride in the chain's steps: no pass, no sample, always True."""
+        chain drafter the re-drafts ride in the chain's steps: no pass, no sample, always True.
+        Rule: a warm-up or exploration block runs it only where v's own passes have priced it. Those blocks
+        are there to rate a tree, and a budget visited only by them never gathers the passes its price needs,
+        so each of its visits ran the pass as "unpriced": on the 1.5B pair's PARD drafter they were a third of
+        cure's pass time (HumanEval 21-40: 7 of 19 passes, +60-90 ms a block at 7 and 24 nodes;
+        benchmarks/results/graftrule_ab_qwen15b_cpu). A settled budget runs its first passes as before."""
+        if self.last_phase in ("warmup", "explore") and not self.redraft.priced(v):
+            return False
         return self.redraft.pays(v, lambda: self.rate(v))
 
     def observe_redraft(self, v: int, gain: int, ms: float) -> None:

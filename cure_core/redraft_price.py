@@ -69,6 +69,10 @@ class RedraftPrice:
         self.interval[v] = min(2 * interval, self.probe_max)
         return True
 
+    def priced(self, v: int) -> bool:
+        """Whether budget v has the `min_samples` passes its decision rests on."""
+        return len(self.samples.get(v, ())) >= self.min_samples
+
     def observe(self, v: int, gain: int, ms: float) -> None:
         """A block verified at T=0 with budget v ran a pass of `ms` that won `gain` accepted tokens."""
         seen = self.samples.setdefault(v, [])

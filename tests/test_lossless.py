@@ -745,6 +745,24 @@ def test_budget_tuner_skips_a_redraft_pass_that_does_not_pay():
     assert all(t.redraft_pays(4) for _ in range(16))
 
 
+def test_budget_tuner_runs_no_unpriced_redraft_pass_on_warm_up_or_exploration_blocks():
+    """A warm-up or exploration block rates a tree: at a budget whose pass has fewer than 8 samples it skips
+    the pass (a settled block at the same budget runs it, to price it); once priced, the price decides there
+    too."""
+    from cure_core.budget import BudgetTuner, CostCurve
+
+    t = BudgetTuner(CostCurve((0, 16), (100.0, 180.0)), [0, 4, 8])
+    for _ in range(10):
+        t.observe(tuner_block([0, 1], 4, draft_ms=20.0), 4)
+    for phase, want in [("warmup", False), ("explore", False), ("settled", True)]:
+        t.last_phase = phase
+        assert t.redraft_pays(8) is want
+    for _ in range(8):
+        t.observe_redraft(8, 3, 30.0)                                 # each pass wins 3 tokens: it pays
+    t.last_phase = "explore"
+    assert t.redraft_pays(8)
+
+
 def slow_redraft_pass(drafter, monkeypatch) -> list:
     """Make the drafter's re-draft pass cost 40 ms; the list returned grows by one per call."""
     calls, redraft_topk = [], drafter.redraft_topk
@@ -768,7 +786,7 @@ def test_cure_skips_a_redraft_pass_that_wins_nothing_and_stays_lossless(pair, mo
     class Held(BudgetTuner):
         def choose(self):
             super().choose()
-            self.last_choice = 16
+            self.last_choice, self.last_phase = 16, "settled"   # held there: no warm-up or exploration blocks
             return 16
     monkeypatch.setattr(cure_core.engine, "BudgetTuner", Held)
     calls = slow_redraft_pass(pair.drafter, monkeypatch)
