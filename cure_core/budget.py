@@ -475,8 +475,7 @@ class BudgetTuner:
                 # every 8th block would cost several percent for good.
                 # A wide probe over thin budgets (`wide_probe`) keeps the interval at explore_every: what it is
                 # for is `probe_min` telling blocks soon, not one now and then.
-                thin = probe == self.warmup_budget and any(self.thin(v) for v in self.candidates if choice < v <= probe)
-                same = choice == self.settled and not thin
+                same = choice == self.settled and not (probe == self.warmup_budget and self.thin(probe))
                 self.interval = min(2 * self.interval, self.explore_max) if same else self.explore_every
                 self.settled = choice
                 self.next_explore = self.blocks + self.interval
@@ -535,17 +534,18 @@ class BudgetTuner:
         budget tells a(V) for every V up to it at once, for at most `warmup_cost` one-token steps; so while
         a budget between `best` and the warm-up budget is unrated in the window, or thin (told by fewer than
         `probe_min` blocks in memory), the exploration goes there. Each such probe costs up to a one-token
-        step where it loses: `probe_min` 8 cost a fresh tuner 4.1% of decode time over six 256-token answers
-        (1 thread; 0.8% with 1), so 4, two probes beyond the warm-up. Asking for one telling block was not enough: on HumanEval 41-60
-        five probes at 16 nodes that accepted 0, 1, 0, 0 and 1 tokens rated every tree above 2 nodes below
-        1-node trees for 389 of 431 blocks, where ddtree's tuner, whose probes accepted 2 a block, ran
-        4-node trees (benchmarks/results/tuner_trace_he41_60_qwen05b_cpu)."""
+        step where it loses: `probe_min` 8 cost a fresh tuner 4.1% of decode time over six 256-token
+        answers (1 thread; 0.8% before the rule), so 4, two probes beyond the warm-up. Asking for one
+        telling block was not enough: on HumanEval 41-60 five probes at 16 nodes that accepted 0, 1, 0, 0
+        and 1 tokens rated every tree above 2 nodes below 1-node trees for 389 of 431 blocks, where
+        ddtree's tuner, whose probes accepted 2 a block, ran 4-node trees
+        (benchmarks/results/tuner_trace_he41_60_qwen05b_cpu). A block that tells a(v) tells a(u) for every
+        u < v, so the warm-up budget is the least told of the budgets between: checking it checks them all."""
         wide = self.warmup_budget
-        return wide > best and any(self.thin(v) or self.told(v, self.window) == 0
-                                   for v in self.candidates if best < v <= wide)
+        return wide > best and (self.thin(wide) or self.told(wide, self.window) == 0)
 
     def thin(self, v: int) -> bool:
-        """Whether fewer than `probe_min` blocks in memory tell a(v)."""
+        """Whether fewer than `probe_min` blocks in memory tell a(v) (then fewer tell any budget above v)."""
         return self.told(v) < self.probe_min
 
     def redraft_pays(self, v: int) -> bool:
