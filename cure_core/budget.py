@@ -204,7 +204,7 @@ class BudgetTuner:
                  warmup: int = 2, explore_max: int = 64, warmup_cost: float = 2.0,
                  steps: Callable[[int], int] | None = None, priced_before_zero: int = 3,
                  redraft_min: int = 8, redraft_probe: int = 8, stale_after: int = 32, stale_ratio: float = 2.0,
-                 memory: int = 256, probe_min: int = 4):
+                 memory: int = 256, probe_min: int = 4, probe_max: int = 12, probe_z: float = 2.0):
         self.curve = curve
         # sequential drafter steps a budget costs (an AR chain: one per drafted position, min(V, K-1));
         # None: one pass at any budget (a block-parallel drafter)
@@ -229,6 +229,11 @@ class BudgetTuner:
         # tell it, and a budget told by fewer than `probe_min` of them is thin (`wide_probe`)
         self.memory = max(memory, window)
         self.probe_min = probe_min
+        # beyond `probe_min`, wide probes go on while a budget above the best could still win: its a(V) plus
+        # `probe_z` standard errors of its gain over the best (`could_win`), up to `probe_max` telling blocks
+        self.probe_max = max(probe_max, probe_min)
+        self.probe_z = probe_z
+        self.probing = False                                 # the last exploration was a thin or could-win probe
         self._accept: dict[int, float | None] = {}           # cached `expected_accept`, reset per block
         self.costs: list[DraftCost] = []                     # one per drafting block: budget, positions, C_d ms
         self._line: tuple[float, float] | None = None        # cached (c0, c1) of `cost_line`, reset per sample
@@ -475,7 +480,7 @@ class BudgetTuner:
                 # every 8th block would cost several percent for good.
                 # A wide probe over thin budgets (`wide_probe`) keeps the interval at explore_every: what it is
                 # for is `probe_min` telling blocks soon, not one now and then.
-                same = choice == self.settled and not (probe == self.warmup_budget and self.thin(probe))
+                same = choice == self.settled and not self.probing
                 self.interval = min(2 * self.interval, self.explore_max) if same else self.explore_every
                 self.settled = choice
                 self.next_explore = self.blocks + self.interval
@@ -513,18 +518,19 @@ class BudgetTuner:
         (benchmarks/results/showcase_qwen15b_pard7697_cpu; with this rule: ..._s15_cpu). A sequential
         drafter's cost line prices every budget from any samples, so it explores up only. None: nothing
         to explore."""
+        self.probing = False
         if self.steps is None:
             below = [v for v in self.candidates if 0 < v < best]
             sampled = {c.budget for c in self.costs[-self.window:]}
             if below and below[-1] not in sampled:
                 return below[-1]
-        if self.wide_probe(best):
-            return self.warmup_budget
+        if wide := self.wide_probe(best):
+            return wide
         bigger = [v for v in self.candidates if v > best]
         return bigger[0] if bigger else None
 
-    def wide_probe(self, best: int) -> bool:
-        """Whether an exploration from `best` tries the warm-up budget instead of one step up. Rule: blocks
+    def wide_probe(self, best: int) -> int | None:
+        """The budget above one step up that an exploration from `best` tries (None: one step up). Rule: blocks
         settled at `best` tell a(V) for V <= best only, so every budget above rests on the warm-up and
         exploration blocks, and one-step-up explorations climb only while each single step pays for itself.
         A cost curve with a step at the low end (a node more costs 10% where the next six cost nothing) and
@@ -540,13 +546,55 @@ class BudgetTuner:
         and 1 tokens rated every tree above 2 nodes below 1-node trees for 389 of 431 blocks, where
         ddtree's tuner, whose probes accepted 2 a block, ran 4-node trees
         (benchmarks/results/tuner_trace_he41_60_qwen05b_cpu). A block that tells a(v) tells a(u) for every
-        u < v, so the warm-up budget is the least told of the budgets between: checking it checks them all."""
+        u < v, so the warm-up budget is the least told of the budgets between: counting its telling blocks
+        counts theirs. Past `probe_min`, probes go on at the largest budget that `could_win` (up to
+        `probe_max` telling blocks there)."""
         wide = self.warmup_budget
-        return wide > best and (self.thin(wide) or self.told(wide, self.window) == 0)
+        if wide <= best:
+            return None
+        # `probing`: this probe is there to gather telling blocks, so the exploration interval stays short
+        self.probing = self.thin(wide)
+        if self.probing:
+            return wide
+        if self.told(wide, self.window) == 0:
+            return wide
+        u = self.could_win(best)
+        self.probing = u is not None
+        return u
 
     def thin(self, v: int) -> bool:
         """Whether fewer than `probe_min` blocks in memory tell a(v) (then fewer tell any budget above v)."""
         return self.told(v) < self.probe_min
+
+    def could_win(self, best: int) -> int | None:
+        """The largest budget u between `best` and the warm-up budget, told by fewer than `probe_max` blocks in
+        memory, that could still beat `best`: rated with a(u) plus `probe_z` standard errors of its per-block
+        gain over a(best) (accepted nodes with index in [best, u)) among the blocks that tell a(u). None: no
+        such budget. The largest, since a probe there tells every budget below it too; not the warm-up
+        budget, since where only a cheap one could win, a probe there would pay for nodes nothing bets on.
+        Rule: `probe_min` telling blocks are few where acceptance is lumpy. On HumanEval 41-60 two probes at 16 nodes that accepted 2 and 0 tokens, with the
+        two warm-up blocks, rated every tree above 1 node at a(1) for 180 blocks, where ddtree's tuner ran
+        4-node trees (benchmarks/results/tuner_trace_he41_60_qwen05b_s23_cpu, `peers_probe_min4.json`); and
+        eight telling blocks for everyone cost a fresh tuner 4.1% of decode time where big trees plainly lose
+        (`tuner_cost_s23_probe_min8.json`). The bound stops probing where even an optimistic gain cannot pay
+        for the bigger tree (a probe that costs a one-token step needs a gain near a whole token), and goes on
+        where the gain is uncertain and its cost small."""
+        base = self.rate(best)
+        for u in reversed([c for c in self.candidates if best < c <= self.warmup_budget]):
+            tell = [acc for acc, size, cut in self.history if not (cut and u > size)]
+            n, a = len(tell), self.expected_accept(u)
+            if n >= self.probe_max:
+                continue
+            if n < 2 or a is None or base is None:
+                return u
+            gains = [bisect.bisect_left(acc, u) - bisect.bisect_left(acc, best) for acc in tell]
+            # the spread is at least a count's (variance = mean) with one gained node in n + 1 blocks: four
+            # blocks that all gained nothing have not shown that u gains nothing
+            var = max(statistics.variance(gains), (sum(gains) + 1) / (n + 1))
+            bound = a + self.probe_z * math.sqrt(var / n)
+            if (bound + 1.0) / (self.drafting_ms(u) + self.verify_ms(self.expected_size(u))) > base:
+                return u
+        return None
 
     def redraft_pays(self, v: int) -> bool:
         """Whether best-first cure's re-draft pass runs at budget v: while its measured gain beats the

@@ -427,35 +427,75 @@ def test_budget_tuner_probes_the_warm_up_budget_where_budgets_above_the_best_are
     # window and step up to 1
     assert first <= 100 + 2 * 64
     assert wide[first:].count(8) >= 0.9 * len(wide[first:])          # ...and 8 wins from then on
-    assert 16 in wide[:100] and set(wide[:100]) <= {0, 1, 16}        # before: probes at 16, else budget 0
+    # before: probes at 16 (and at 8 while a(8)'s bound could still beat budget 0: `could_win`), else budget 0
+    assert 16 in wide[:100] and set(wide[:100]) <= {0, 1, 8, 16}
 
 
 def test_budget_tuner_rates_trees_above_the_best_on_several_probes_not_one():
     """Half the blocks are hard (nothing accepted); in the others the target takes nodes 0, 2 and 3 (a repair
     tree's siblings), so a(1) = a(2) = 0.5 but a(4) = 1.5, and 4-node trees win by far on a curve with a step
-    at the low end. Rated on the one or two probes the window held (`probe_min` 1: the rule before), a run
-    whose first probes fell on hard blocks stayed on 1-node trees for most of 200 blocks, in 10 of 40 seeds;
-    with the default `probe_min` (4: 2 warm-up blocks and 2 probes) in 1."""
+    at the low end. Rated on the one or two probes the window held (`probe_min` 1, no `could_win` probes: the
+    rule before), a run whose first probes fell on hard blocks stayed on 1-node trees for most of 200 blocks,
+    in 10 of 40 seeds; with the defaults in none."""
+    several = [_share_of_big_trees(seed, 0.5) for seed in range(40)]
+    one = [_share_of_big_trees(seed, 0.5, probe_min=1, probe_max=1) for seed in range(40)]
+    assert sum(f < 0.3 for f in one) >= 5                            # the control: stuck on 1-node trees
+    assert sum(f < 0.5 for f in several) <= 2
+    assert sum(several) / 40 >= 0.9 > sum(one) / 40 + 0.15
+
+
+def _share_of_big_trees(seed, p_good, **tuner):
+    """Share of 200 modelled blocks a tuner verifies at 4+ nodes where a block is good with probability
+    `p_good` (the target takes nodes 0, 2 and 3, else nothing) and 4-node trees win by far."""
     import random
 
     from cure_core.budget import BudgetTuner, CostCurve
 
     curve = CostCurve((0, 1, 2, 4, 16), (100.0, 100.0, 115.0, 115.0, 125.0))
+    rng, t, big = random.Random(seed), BudgetTuner(curve, [0, 1, 2, 4, 8, 16], **tuner), 0
+    for _ in range(200):
+        v = t.choose()
+        big += v >= 4
+        good = rng.random() < p_good
+        t.observe(tuner_block([j for j in (0, 2, 3) if good and j < v], v, draft_ms=10.0), v)
+    return big / 200
 
-    def share_of_trees(seed, probe_min):
-        rng, t, big = random.Random(seed), BudgetTuner(curve, [0, 1, 2, 4, 8, 16], probe_min=probe_min), 0
+
+def test_budget_tuner_probes_on_while_a_bigger_tree_could_still_win():
+    """As above, but only 3 blocks in 10 are good (a(1) = 0.3, a(4) = 0.9: 4 nodes still win by far). Four
+    telling blocks that were all hard (a quarter of runs) rated every tree above 1 node at a(1): with
+    `probe_min` 4 alone (`probe_max` 4, the rule before) 11 of 40 runs stayed on 1-node trees. Probing on
+    while a(4) plus two standard errors of its gain could beat 1-node trees (`could_win`; four blocks that
+    gained nothing still leave a count's spread) leaves none there."""
+    before = [_share_of_big_trees(seed, 0.3, probe_max=4) for seed in range(40)]
+    bound = [_share_of_big_trees(seed, 0.3) for seed in range(40)]
+    assert sum(f < 0.5 for f in before) >= 6                         # the control
+    assert sum(f < 0.5 for f in bound) <= 2
+    assert sum(bound) / 40 >= 0.85 > sum(before) / 40 + 0.1
+
+
+def test_budget_tuner_stops_probing_where_bigger_trees_plainly_lose():
+    """The target takes node 0 in 6 blocks of 10 and nothing beyond it. Where a 16-node tree costs two one-token
+    steps, the tuner probes 16 nodes no more often than with `probe_min` alone (`probe_max` 4: the rule
+    before), since a(16) plus its bound cannot pay for the second step; where 16 nodes cost 5% more than 1,
+    it probes on to `probe_max` telling blocks (each probe costs little there)."""
+    import random
+
+    from cure_core.budget import BudgetTuner, CostCurve
+
+    def wide_probes(curve, **tuner):
+        rng, t, probes = random.Random(0), BudgetTuner(curve, [0, 1, 2, 4, 8, 16], **tuner), 0
         for _ in range(200):
             v = t.choose()
-            big += v >= 4
-            good = rng.random() < 0.5
-            t.observe(tuner_block([j for j in (0, 2, 3) if good and j < v], v, draft_ms=10.0), v)
-        return big / 200
-
-    one = [share_of_trees(seed, 1) for seed in range(40)]
-    several = [share_of_trees(seed, BudgetTuner(curve, [0]).probe_min) for seed in range(40)]
-    assert sum(f < 0.3 for f in one) >= 5                            # the control: stuck on 1-node trees
-    assert sum(f < 0.5 for f in several) <= 2
-    assert sum(several) / 40 >= 0.9 > sum(one) / 40 + 0.15
+            # (`probing`: a thin or could-win probe, not one that freshens a window that forgot the budget)
+            probes += t.last_phase == "explore" and v == t.warmup_budget and t.probing
+            t.observe(tuner_block([0] if v and rng.random() < 0.6 else [], v, draft_ms=5.0), v)
+        assert t.warmup_budget == 16
+        return probes
+    steep = CostCurve((0, 1, 16), (100.0, 100.0, 200.0))
+    assert wide_probes(steep) == wide_probes(steep, probe_max=4)
+    flat = CostCurve((0, 1, 16), (100.0, 100.0, 105.0))
+    assert wide_probes(flat) >= wide_probes(flat, probe_max=4) + 6
 
 
 def test_budget_tuner_drops_a_cached_cost_curve_that_verification_times_disown(private_cost_curves):
