@@ -465,13 +465,14 @@ def test_budget_tuner_probes_on_while_a_bigger_tree_could_still_win():
     """As above, but only 3 blocks in 10 are good (a(1) = 0.3, a(4) = 0.9: 4 nodes still win by far). Four
     telling blocks that were all hard (a quarter of runs) rated every tree above 1 node at a(1): with
     `probe_min` 4 alone (`probe_max` 4, the rule before) 11 of 40 runs stayed on 1-node trees. Probing on
-    while a(4) plus two standard errors of its gain could beat 1-node trees (`could_win`; four blocks that
-    gained nothing still leave a count's spread) leaves none there."""
+    while a(4) plus 1.5 standard errors of its gain could beat 1-node trees (`could_win`; four blocks that
+    gained nothing still leave a count's spread) leaves 4 there (2 standard errors: 1, at a higher probing
+    cost on real pairs: benchmarks/results/tuner_cost_qwen05b_cpu)."""
     before = [_share_of_big_trees(seed, 0.3, probe_max=4) for seed in range(40)]
     bound = [_share_of_big_trees(seed, 0.3) for seed in range(40)]
-    assert sum(f < 0.5 for f in before) >= 6                         # the control
-    assert sum(f < 0.5 for f in bound) <= 2
-    assert sum(bound) / 40 >= 0.85 > sum(before) / 40 + 0.1
+    assert sum(f < 0.5 for f in before) >= 9                         # the control
+    assert sum(f < 0.5 for f in bound) <= 5
+    assert sum(bound) / 40 >= 0.83 > sum(before) / 40 + 0.1
 
 
 def test_budget_tuner_stops_probing_where_bigger_trees_plainly_lose():
