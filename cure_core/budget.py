@@ -478,8 +478,8 @@ class BudgetTuner:
                 # interval doubles (up to explore_max) while the best has not moved since the last exploration,
                 # and falls back to explore_every when it moves: settled at budget 0 on a CPU, exploring V=1
                 # every 8th block would cost several percent for good.
-                # A wide probe over thin budgets (`wide_probe`) keeps the interval at explore_every: what it is
-                # for is `probe_min` telling blocks soon, not one now and then.
+                # A wide probe that gathers telling blocks (thin or could-win: `wide_probe`, `probing`) keeps the
+                # interval at explore_every: what it is for is telling blocks soon, not one now and then.
                 same = choice == self.settled and not self.probing
                 self.interval = min(2 * self.interval, self.explore_max) if same else self.explore_every
                 self.settled = choice
@@ -572,10 +572,10 @@ class BudgetTuner:
         gain over a(best) (accepted nodes with index in [best, u)) among the blocks that tell a(u). None: no
         such budget. The largest, since a probe there tells every budget below it too; not the warm-up
         budget, since where only a cheap one could win, a probe there would pay for nodes nothing bets on.
-        Rule: `probe_min` telling blocks are few where acceptance is lumpy. On HumanEval 41-60 two probes at 16 nodes that accepted 2 and 0 tokens, with the
-        two warm-up blocks, rated every tree above 1 node at a(1) for 180 blocks, where ddtree's tuner ran
-        4-node trees (benchmarks/results/tuner_trace_he41_60_qwen05b_s23_cpu, `peers_probe_min4.json`); and
-        eight telling blocks for everyone cost a fresh tuner 4.1% of decode time where big trees plainly lose
+        Rule: `probe_min` telling blocks are few where acceptance is lumpy. On HumanEval 41-60 two probes at
+        16 nodes that accepted 2 and 0 tokens, with the two warm-up blocks, rated every tree above 1 node at
+        a(1) for 175 blocks, where ddtree's tuner ran 4-node trees
+        (benchmarks/results/tuner_trace_he41_60_qwen05b_s23_cpu, `peers_probe_min4.json`); and eight telling blocks for everyone cost a fresh tuner 4.1% of decode time where big trees plainly lose
         (`tuner_cost_s23_probe_min8.json`). The bound stops probing where even an optimistic gain cannot pay
         for the bigger tree (a probe that costs a one-token step needs a gain near a whole token), and goes on
         where the gain is uncertain and its cost small. With it (`probe_z` 1.5) the same HumanEval trace ran
