@@ -575,7 +575,8 @@ class BudgetTuner:
         Rule: `probe_min` telling blocks are few where acceptance is lumpy. On HumanEval 41-60 two probes at
         16 nodes that accepted 2 and 0 tokens, with the two warm-up blocks, rated every tree above 1 node at
         a(1) for 175 blocks, where ddtree's tuner ran 4-node trees
-        (benchmarks/results/tuner_trace_he41_60_qwen05b_s23_cpu, `peers_probe_min4.json`); and eight telling blocks for everyone cost a fresh tuner 4.1% of decode time where big trees plainly lose
+        (benchmarks/results/tuner_trace_he41_60_qwen05b_s23_cpu, `peers_probe_min4.json`); and eight
+        telling blocks for everyone cost a fresh tuner 4.1% of decode time where big trees plainly lose
         (`tuner_cost_s23_probe_min8.json`). The bound stops probing where even an optimistic gain cannot pay
         for the bigger tree (a probe that costs a one-token step needs a gain near a whole token), and goes on
         where the gain is uncertain and its cost small. With it (`probe_z` 1.5) the same HumanEval trace ran
