@@ -197,6 +197,12 @@ class DraftCost:
     ms: float            # C_d: draft + tree + commit
 
 
+def _tells(u: int, size: int, cut: bool) -> bool:
+    """Whether a verified block with a tree of `size` nodes tells a(u). Rule: it does unless its tree was cut
+    (by its budget or the generation's end) below u: then what u more nodes would have accepted is unknown."""
+    return not (cut and u > size)
+
+
 class BudgetTuner:
     """Online choice of the tree budget V from the cost curve and the acceptance seen so far."""
 
@@ -286,8 +292,7 @@ class BudgetTuner:
         # it, so each level filters the one below's
         tell = [(age, *h) for age, h in enumerate(reversed(self.history))]
         for u in levels:
-            # a block tells a(u) unless its tree was cut (by its budget or the generation's end) below u
-            tell = [e for e in tell if not (e[3] and u > e[2])]
+            tell = [e for e in tell if _tells(u, e[2], e[3])]
             if not tell:
                 out.update((w, None) for w in levels if w >= u)
                 break
@@ -300,12 +305,12 @@ class BudgetTuner:
     def told(self, v: int, last: int | None = None) -> int:
         """Blocks that tell a(v), among the last `last` blocks (None: all of memory)."""
         recent = self.history[-last:] if last else self.history
-        return sum(1 for _, size, cut in recent if not (cut and v > size))
+        return sum(1 for _, size, cut in recent if _tells(v, size, cut))
 
     def expected_size(self, v: int) -> float:
         """E[V(T)] under budget v: a tree holds min(v, the nodes its block offered); for a block whose
         tree was cut, the nodes it offered beyond its budget are unknown, so assume v."""
-        sizes = [min(size, v) if not cut or v <= size else v for _, size, cut in self.history[-self.window:]]
+        sizes = [min(size, v) if _tells(v, size, cut) else v for _, size, cut in self.history[-self.window:]]
         return sum(sizes) / len(sizes) if sizes else float(v)
 
     def rate(self, v: int) -> float | None:
@@ -554,9 +559,7 @@ class BudgetTuner:
             return None
         # `probing`: this probe is there to gather telling blocks, so the exploration interval stays short
         self.probing = self.thin(wide)
-        if self.probing:
-            return wide
-        if self.told(wide, self.window) == 0:
+        if self.probing or self.told(wide, self.window) == 0:
             return wide
         u = self.could_win(best)
         self.probing = u is not None
@@ -585,7 +588,7 @@ class BudgetTuner:
         trace alike), and the six took 129 s where they took 146 s before (tuner_cost_s24_*.json)."""
         base = self.rate(best)
         for u in reversed([c for c in self.candidates if best < c <= self.warmup_budget]):
-            tell = [acc for acc, size, cut in self.history if not (cut and u > size)]
+            tell = [acc for acc, size, cut in self.history if _tells(u, size, cut)]
             n, a = len(tell), self.expected_accept(u)
             if n >= self.probe_max:
                 continue
