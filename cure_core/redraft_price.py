@@ -11,8 +11,12 @@ gain is the block's accepted path minus that. One rule decides for both budget m
 With g the gain, r the pass's ms and A + 1 tokens in T ms without it, the pass raises tokens per ms iff
 g / r > (A + 1) / T, the block's own rate. Under `--v-max auto` the rate is the tuner's prediction for v
 (BudgetTuner.rate); at a fixed budget it is what the last blocks measured (`measured_rate`). Until
-`min_samples` passes at v have been seen, the pass runs; after that, a skipped pass still runs as a probe `probe`
-blocks later, so its gain stays measured. A probe costs a whole pass for the little it wins where the pass does not
+`min_samples` passes at v have been seen, the mean is not trusted: from `early` passes the pass runs while its
+mean gain plus `z` standard errors still beats the price (`_runs`), so where a pass costs half a token and three
+passes won nothing it stops at the third pass, not the eighth (the 1.5B pair's PARD drafter, where those eight
+passes per budget were most of cure's pass time in a 32-token answer), while a pass that costs a tenth of a token
+keeps running until the mean decides. A skipped pass still runs as a probe `probe` blocks later, so its gain stays
+measured. A probe costs a whole pass for the little it wins where the pass does not
 pay (on the 1.5B pair's PARD drafter a 0.5B forward, a sixth of a block's time, for +0.09 tau at 4-node trees:
 one probe in 8 blocks is ~2% of decode time), so each probe that leaves the decision at "skip" doubles the
 interval to the next, up to `probe_max`; a probe that by itself wins more than its price (g > rate x ms), or a
@@ -22,6 +26,7 @@ and otherwise the pass runs.
 """
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 from dataclasses import dataclass
@@ -40,9 +45,11 @@ class RedraftPrice:
     """Per budget: the re-draft passes seen and the decision (the module's rule)."""
 
     def __init__(self, window: int = 32, min_samples: int = 8, probe: int = 8, rate_blocks: int = 64,
-                 probe_max: int = 64):
+                 probe_max: int = 64, early: int = 3, z: float = 1.5):
         self.window = window                                 # passes per budget the mean is over
-        self.min_samples = min_samples                       # passes at a budget before its pass may be skipped
+        self.min_samples = min_samples                       # passes at a budget before the mean decides...
+        self.early = min(early, min_samples)                 # ...and before it, from this many, the bound does:
+        self.z = z                                           # mean gain + z standard errors against the price
         self.probe = probe                                   # a skipped pass first runs again after this many blocks
         self.probe_max = max(probe, probe_max)               # ...and the interval doubles per losing probe up to this
         self.samples: dict[int, list[RedraftSample]] = {}    # budget -> its recent passes
@@ -52,10 +59,10 @@ class RedraftPrice:
         self.blocks: deque[tuple[int, float]] = deque(maxlen=rate_blocks)
 
     def pays(self, v: int, rate: Callable[[], float | None]) -> bool:
-        """Whether the pass runs at budget v; `rate()`: tokens per ms at v (called only once v has samples)."""
+        """Whether the pass runs at budget v; `rate()`: tokens per ms at v (called only once v has `early` samples)."""
         seen = self.samples.get(v, ())
-        r = rate() if len(seen) >= self.min_samples else None
-        if r is None or statistics.fmean(s.gain for s in seen) > r * statistics.fmean(s.ms for s in seen):
+        r = rate() if len(seen) >= self.early else None
+        if r is None or self._runs(seen, r):
             self.skips[v] = 0
             self.interval[v] = self.probe
             return True
@@ -68,6 +75,18 @@ class RedraftPrice:
         self.skips[v] = 0                                    # probe now; the next one after twice the interval
         self.interval[v] = min(2 * interval, self.probe_max)
         return True
+
+    def _runs(self, seen: list[RedraftSample], r: float) -> bool:
+        """The decision at rate r (tokens per ms). From `min_samples` passes: mean gain > r x mean ms. Before
+        that, the pass runs while its gain could still beat the price: mean + `z` standard errors, the spread
+        floored at a count's (variance = mean with one gained token in n + 1 passes; as BudgetTuner.could_win),
+        so three passes that won nothing stop a pass that costs half a token but not one that costs a tenth."""
+        gains = [s.gain for s in seen]
+        n, gain, price = len(gains), statistics.fmean(gains), r * statistics.fmean(s.ms for s in seen)
+        if n >= self.min_samples:
+            return gain > price
+        var = max(statistics.variance(gains) if n > 1 else 0.0, (max(sum(gains), 0) + 1) / (n + 1))
+        return gain + self.z * math.sqrt(var / n) > price
 
     def priced(self, v: int) -> bool:
         """Whether budget v has the `min_samples` passes its decision rests on."""

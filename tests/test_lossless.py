@@ -759,20 +759,20 @@ def test_the_tuner_measures_its_curve_through_the_engines_own_execution_path(pai
 
 def test_budget_tuner_skips_a_redraft_pass_that_does_not_pay():
     """Blocks accept 2 tokens (+1 bonus) in 100 + 20 + 5 V ms, about 0.022 tokens/ms at budget 4. A 30 ms
-    re-draft pass pays only if it wins more than ~0.66 tokens: after 8 passes that won nothing it runs again
-    after 8 blocks (the probe that keeps its gain measured), and each probe that changes nothing doubles the
-    interval up to 64 (control: a probe that wins 2 tokens by itself brings it back to 8); after passes that
-    win a token each, on every block. Before 8 passes at a budget, always; budgets without samples are
-    untouched."""
+    re-draft pass pays only if it wins more than ~0.66 tokens: after 8 passes that won 0.375 on average it runs
+    again after 8 blocks (the probe that keeps its gain measured), and each probe that changes nothing doubles
+    the interval up to 64 (control: a probe that wins 2 tokens by itself brings it back to 8); after passes
+    that win a token each, on every block. Before 8 passes at a budget, while its gain could still beat the
+    price (three passes that won nothing cannot: skipped at once); budgets without samples are untouched."""
     from cure_core.budget import BudgetTuner, CostCurve
 
     t = BudgetTuner(CostCurve((0, 16), (100.0, 180.0)), [0, 4, 8])
     for _ in range(10):
         t.observe(tuner_block([0, 1], 4, draft_ms=20.0), 4)
-    for _ in range(7):
-        t.observe_redraft(4, 0, 30.0)
-        assert t.redraft_pays(4)                                     # fewer than 8 samples: run the pass
-    t.observe_redraft(4, 0, 30.0)
+    for g in (1, 1, 1, 0, 0, 0, 0):
+        t.observe_redraft(4, g, 30.0)
+        assert t.redraft_pays(4)                                      # fewer than 8 and the bound beats 0.66: run
+    t.observe_redraft(4, 0, 30.0)                                     # 8 passes, mean 0.375 < 0.66
     runs = [t.redraft_pays(4) for _ in range(8 + 16 + 32 + 64 + 64)]
     probes = [i + 1 for i, run in enumerate(runs) if run]
     assert probes == [8, 24, 56, 120, 184]                            # skipped; probes after 8, 16, 32, 64, 64
@@ -784,6 +784,12 @@ def test_budget_tuner_skips_a_redraft_pass_that_does_not_pay():
     for _ in range(32):
         t.observe_redraft(4, 1, 30.0)                                 # each pass now wins a token
     assert all(t.redraft_pays(4) for _ in range(16))
+    fresh = BudgetTuner(CostCurve((0, 16), (100.0, 180.0)), [0, 4, 8])
+    for _ in range(10):
+        fresh.observe(tuner_block([0, 1], 4, draft_ms=20.0), 4)
+    for _ in range(3):
+        fresh.observe_redraft(4, 0, 30.0)
+    assert not fresh.redraft_pays(4)                                  # nothing in 3: the bound cannot reach 0.66
 
 
 def test_budget_tuner_runs_no_unpriced_redraft_pass_on_warm_up_or_exploration_blocks():
@@ -819,8 +825,8 @@ def slow_redraft_pass(drafter, monkeypatch) -> list:
 def test_cure_skips_a_redraft_pass_that_wins_nothing_and_stays_lossless(pair, monkeypatch):
     """Best-first cure over a block-parallel drafter whose re-draft pass costs 40 ms (a slow drafter) and
     wins next to nothing on the tiny pair, the tuner held at budget 16 (it would leave for budget 0 on
-    these drafts): once 8 passes have been seen the tuner skips the pass (block meta `redraft: skipped`,
-    no drafter call), probes it now and then, and the output still equals ar."""
+    these drafts): once 3 passes bound its gain below its price the tuner skips the pass (block meta
+    `redraft: skipped`, no drafter call), probes it now and then, and the output still equals ar."""
     import cure_core.engine
     from cure_core.budget import BudgetTuner
 
@@ -842,10 +848,10 @@ def test_cure_skips_a_redraft_pass_that_wins_nothing_and_stays_lossless(pair, mo
     skipped = [b for b in blocks if b.meta.get("redraft") == "skipped"]
     assert skipped and all(passes_in[b.index] == 0 for b in skipped)   # a skipped pass calls no drafter
     passes = engine.tuner.redraft.samples[16]
-    assert len(passes) >= 8 and len(calls) >= len(passes)
+    assert len(passes) >= 3 and len(calls) >= len(passes)
     first = next(b.index for b in skipped)
-    assert sum(passes_in[:first]) == 8                                # 8 passes seen, then the first skip
-    assert len(calls) - 8 <= (len(blocks) - first) // 8 + 1           # after the first skip: probes only
+    assert sum(passes_in[:first]) == 3                                # 3 passes bound it, then the first skip
+    assert len(calls) - 3 <= (len(blocks) - first) // 8 + 1           # after the first skip: probes only
     before = len(calls)
     always = list(engine.generate(prompt, cfg.with_(redraft_pass="always")))   # the control: its own tuner
     assert [t for b in always for t in b.emitted] == [t for b in blocks for t in b.emitted]
@@ -872,9 +878,31 @@ def test_redraft_price_measures_the_rate_of_a_fixed_budget():
     assert p.measured_rate() == pytest.approx(3 * 64 / (15000.0 * 64))
 
 
+def test_redraft_price_stops_a_pass_early_only_where_its_bound_cannot_beat_the_price():
+    """Before 8 passes the mean is not trusted, but from 3 passes the pass stops once its mean gain plus 1.5
+    standard errors (spread floored at a count's) is below the price: at rate 0.02 tokens/ms a 30 ms pass
+    costs 0.6 tokens, and three passes that won nothing bound it at 0.43. A pass that won once (bound 0.94),
+    or one that costs a tenth of a token (6 ms at 0.02), keeps running until the mean decides at 8."""
+    from cure_core.redraft_price import RedraftPrice
+
+    def runs(gains: list[int], ms: float, price: RedraftPrice | None = None) -> list[bool]:
+        p, out = price or RedraftPrice(), []
+        for g in gains:
+            out.append(p.pays(16, lambda: 0.02))
+            if out[-1]:
+                p.observe(16, g, ms)
+        return out
+
+    assert runs([0] * 4, 30.0) == [True, True, True, False]          # stopped at the third pass, not the eighth
+    assert runs([1, 0, 0, 0], 30.0) == [True] * 4                     # one win: the bound stays above 0.6
+    assert runs([0] * 4, 10.0) == [True] * 4                          # 10 ms costs 0.2: the bound 0.43 beats it
+    assert runs([0] * 9, 6.0) == [True] * 8 + [False]                 # a cheap pass: the mean decides, at 8
+    assert runs([0] * 9, 30.0, RedraftPrice(early=8)) == [True] * 8 + [False]   # the rule before: 8, then the mean
+
+
 def test_cure_at_a_fixed_budget_skips_a_redraft_pass_that_wins_nothing_and_stays_lossless(pair, monkeypatch):
     """Without the tuner (`v_max` 16 fixed) the same rule prices the pass at the rate the blocks measure:
-    a 40 ms pass that wins next to nothing is skipped once 8 passes have been seen (no drafter call on a
+    a 40 ms pass that wins next to nothing is skipped once 3 passes have been seen (no drafter call on a
     skipped block, meta `redraft: skipped`), the price is kept across generations, the output equals ar,
     and the control `redraft_pass=always` runs it on every block."""
     calls = slow_redraft_pass(pair.drafter, monkeypatch)
@@ -890,8 +918,8 @@ def test_cure_at_a_fixed_budget_skips_a_redraft_pass_that_wins_nothing_and_stays
     skipped = [b for b in blocks if b.meta.get("redraft") == "skipped"]
     assert skipped and all(passes_in[b.index] == 0 for b in skipped)
     first = skipped[0].index
-    assert sum(passes_in[:first]) == 8                                # 8 passes seen, then the first skip
-    assert len(calls) - 8 <= (len(blocks) - first) // 8 + 1           # after it: probes only
+    assert sum(passes_in[:first]) == 3                                # 3 passes bound it, then the first skip
+    assert len(calls) - 3 <= (len(blocks) - first) // 8 + 1           # after it: probes only
     price = engine.fixed_price_for(cfg)
     assert len(price.samples[16]) == len(calls) and len(price.blocks) == len(blocks)
     before = len(calls)
