@@ -23,8 +23,8 @@ from .lm import CachedLM, padded_size
 from .metrics import common_prefix
 from .lookup import Graft, LookupStats, NgramIndex
 from .redraft_price import RedraftPrice
-from .strategies import (CHAIN_STRATEGIES, build_tree, drafted_steps, path_nodes, prices_redraft_pass, propose,
-                         stops_drafting, uses_lookup)
+from .strategies import (CHAIN_STRATEGIES, admits, build_tree, drafted_steps, path_nodes, prices_redraft_pass,
+                         propose, stops_drafting, uses_lookup)
 from .tree import DraftTree, greedy_accept, sample_accept
 
 
@@ -210,6 +210,8 @@ class Engine:
         tuner = self.tuner_for(cfg)
         price = self.fixed_price_for(cfg) if drafter is not None else None
         lookup = self._lookups.setdefault(self.tuner_key(cfg), LookupStats()) if uses_lookup(cfg) else None
+        extends = tuner is not None and drafter is not None and admits(cfg)     # nodes past the budget
+        sequential = getattr(drafter, "sequential", False)
         now = _clock(target.device, sync=timings or tuner is not None or price is not None)
 
         # Step 0. Prefill: every prompt token but the last; the last becomes the first root. With a cached
@@ -251,11 +253,15 @@ class Engine:
             # Rule: emitted tokens (accepted + bonus) must fit both max_new_tokens and the context.
             room = min(cfg.depth, limit - ctx - 2, cfg.max_new_tokens - new - 1)
             budget = tuner.choose() if tuner is not None else cfg.v_max
+            # nodes past the budget where they pay (BudgetTuner.admission)
+            admit = tuner.admission(budget) if extends else ()
             steps = drafted_steps(cfg, budget) if tuner is not None else cfg.depth
             clipped = room < steps                        # the generation's end, not the budget, bounds this block
             block_cfg = cfg
             if tuner is not None:
-                room = min(room, steps)                   # budget 0: no draft this block, the target steps alone
+                # budget 0: no draft this block, the target steps alone. A tree that admits nodes past its budget
+                # over a block-parallel drafter is drafted whole: the nodes it admits are mostly deeper.
+                room = min(room, cfg.depth if admit and not sequential else steps)
                 if 0 < steps < cfg.depth:                 # a shorter block, K = steps + 1 (repairs if budget > steps)
                     block_cfg = cfg.with_(k=steps + 1, v_max=budget)
                 elif steps:
@@ -287,7 +293,7 @@ class Engine:
             # the tree with it flipped is built too, so every block measures it
             graft_on = lookup is None or lookup.grafts(budget)
             plan = build_tree(block_cfg, proposal, drafter, graft, redraft, graft_on,
-                              flip=graft is not None and cfg.temperature == 0)
+                              flip=graft is not None and cfg.temperature == 0, admit=admit)
             tree = plan.tree
             t_tree_end = now()
 
@@ -345,7 +351,7 @@ class Engine:
                                 tree_ms=(t_tree_end - t_tree) * 1e3 - plan.redraft_ms,
                                 verify_ms=(t_verify - t_tree_end) * 1e3, commit_ms=(t_commit - t_verify) * 1e3),
                 stop=stop, meta=self._budget_meta(tuner, budget, cfg, draft_stop, redraft,
-                                                  graft is not None and not graft_on))
+                                                  graft is not None and not graft_on, len(tree) - budget))
             if plan.unrepaired is not None and cfg.temperature == 0 and (tuner is not None or price is not None):
                 # what the re-draft pass won: the target's greedy path (accepted + bonus) walked down the
                 # tree before the pass holds `held` of its tokens, and that tree would have accepted them
@@ -357,8 +363,9 @@ class Engine:
             if tuner is not None:
                 # under a draft stop the tuner learns how the chain's draft log-probs predict acceptance (of
                 # the chain's depths the tree holds: those the target could accept)
+                # (and where the tree could admit nodes past its budget: `calibration` prices them)
                 chain_logp = (proposal.top_logprobs[: len(branch0), 0].tolist()
-                              if draft_stop is not None and proposal is not None else None)
+                              if (draft_stop is not None or admit) and proposal is not None else None)
                 tuner.observe(block, budget, clipped, chain_logp)
             yield block
             new += len(emitted)
@@ -369,7 +376,7 @@ class Engine:
 
     @staticmethod
     def _budget_meta(tuner: BudgetTuner | None, budget: int, cfg: DecodeConfig, draft_stop: float | None = None,
-                     redraft: bool = True, withheld: bool = False) -> dict:
+                     redraft: bool = True, withheld: bool = False, past: int = 0) -> dict:
         meta = {} if tuner is None else {"v_max": budget, "predicted_speedup": tuner.last_prediction,
                                          "tuning": tuner.last_phase}
         if withheld:
@@ -382,6 +389,8 @@ class Engine:
             meta["redraft"] = "skipped"                  # BudgetTuner.redraft_pays: the pass would not pay
         if draft_stop is not None:
             meta["draft_stop"] = round(math.exp(draft_stop), 4)   # the chain probability it drafted down to
+        if past > 0:
+            meta["admitted"] = past                      # nodes past the budget (BudgetTuner.admission)
         if budget == 0:
             # What budget 0 was chosen over (Block.no_draft_reason), with the fixed settings that force it:
             # a budget below K-1 is a shorter block (K = budget + 1), as the tuner runs it.

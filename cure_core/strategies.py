@@ -62,6 +62,13 @@ def uses_lookup(cfg: DecodeConfig) -> bool:
     return cfg.lookup > 0 and cfg.strategy == "cure" and cfg.cure_tree == "best-first"
 
 
+def admits(cfg: DecodeConfig) -> bool:
+    """Rule: best-first cure under `--v-max auto` takes nodes past the tuner's budget while they pay
+    (`admit`; BudgetTuner.admission). ddtree stays the reference rule, the paper tree the paper's, and a fixed
+    budget is the user's."""
+    return cfg.admit and cfg.auto_budget and cfg.strategy == "cure" and cfg.cure_tree == "best-first"
+
+
 def drafted_steps(cfg: DecodeConfig, budget: int) -> int:
     """Positions drafted, at most, for a tuner's budget of `budget` nodes (0: no draft, the target steps
     alone). Rule: min(budget, K-1), a shorter block; larger budgets leave room for width and repairs.
@@ -117,11 +124,13 @@ def propose(cfg: DecodeConfig, drafter: Drafter, root: int, n: int, stop_logp: f
 
 def build_tree(cfg: DecodeConfig, proposal: Proposal | None, drafter: Drafter | None,
                graft: Graft | None = None, redraft: bool = True, graft_on: bool = True,
-               flip: bool = False) -> TreePlan:
+               flip: bool = False, admit: Sequence[float] = ()) -> TreePlan:
     """The block's tree. `redraft=False`: best-first cure skips its re-draft pass (the tuner's
     `redraft_pays` or a fixed budget's RedraftPrice), so the tree is ddtree's (with the lookup graft).
     `graft_on=False`: the lookup continuation `graft` stays out of the heap (LookupStats.grafts);
-    `flip`: also build the tree with it flipped (TreePlan.lookup_alt), to measure what it wins."""
+    `flip`: also build the tree with it flipped (TreePlan.lookup_alt), to measure what it wins.
+    `admit`: best-first cure's nodes past the budget (best_first; BudgetTuner.admission), in every tree it
+    builds, so what the re-draft pass and the graft win is measured between trees of the same rule."""
     if cfg.strategy == "ar" or proposal is None:
         return TreePlan(DraftTree())
     if cfg.strategy in CHAIN_STRATEGIES:
@@ -131,7 +140,7 @@ def build_tree(cfg: DecodeConfig, proposal: Proposal | None, drafter: Drafter | 
     if cfg.strategy == "cure" and cfg.cure_tree == "paper":
         return build_cure_tree(cfg, proposal, drafter)
     if cfg.strategy == "cure":
-        return build_cure_best_first(cfg, proposal, drafter, graft, redraft, graft_on, flip)
+        return build_cure_best_first(cfg, proposal, drafter, graft, redraft, graft_on, flip, admit)
     return TreePlan(build_ddtree(cfg, proposal))
 
 
@@ -195,7 +204,7 @@ PATH_RANK = 1 << 30        # heap ranks of grafted path tokens: after any table 
 
 
 def best_first(base: Table, budget: int, under: dict[tuple[int, ...], Table] | None = None,
-               graft: Graft | None = None) -> BestFirst:
+               graft: Graft | None = None, admit: Sequence[float] = ()) -> BestFirst:
     """The `budget` nodes of highest joint draft log-prob (DDTree's Algorithm 1).
 
     A node at depth d holding the j-th candidate scores its parent's score + log q_d(candidate); every
@@ -206,7 +215,9 @@ def best_first(base: Table, budget: int, under: dict[tuple[int, ...], Table] | N
     (log-prob -inf: masked ids) are never pushed.
     `graft` (cure: a prompt-lookup continuation) is one more source in the same heap: its i-th token
     scores the (i-1)-th's score + graft.logp[i]; where a token is already in the tree the path goes on
-    under that node at no cost; a node it adds gets no table children (rank -1: never a substitution)."""
+    under that node at no cost; a node it adds gets no table children (rank -1: never a substitution).
+    `admit` (BudgetTuner.admission): past `budget`, the (n+1)-th node still joins while its score is at least
+    admit[n] (n < len(admit)); scores only fall as the heap pops, so the tree is still the best of its size."""
     under = under or {}
     out = BestFirst()
     tree = out.tree
@@ -228,7 +239,7 @@ def best_first(base: Table, budget: int, under: dict[tuple[int, ...], Table] | N
         push(base.logp[0][0], (0,), -1, base.first, 0, base)
     if graft is not None and graft.tokens:
         push(graft.logp[0], (PATH_RANK, 0), -1, 1, 0, None)
-    while heap and len(tree) < budget:
+    while heap and (len(tree) < budget or (len(tree) < len(admit) and -heap[0][0] >= admit[len(tree)])):
         neg, ranks, parent, depth, rank, table = heapq.heappop(heap)
         score = -neg
         if table is None:                                   # the grafted path's rank-th token
@@ -338,7 +349,7 @@ def substitutions(bf: BestFirst, depth_limit: int, count: int) -> list[int]:
 
 def build_cure_best_first(cfg: DecodeConfig, proposal: Proposal, drafter: Drafter,
                           graft: Graft | None = None, redraft: bool = True, graft_on: bool = True,
-                          flip: bool = False) -> TreePlan:
+                          flip: bool = False, admit: Sequence[float] = ()) -> TreePlan:
     """Repair-aware best-first: the ddtree of the block, then the subtrees under its best substitutions
     (`redraft_policy`: how many, and the blend weight) re-drafted in ONE batched drafter pass conditioned
     on the substituted token, then best-first again with the re-drafted log-probs competing for the same
@@ -365,12 +376,12 @@ def build_cure_best_first(cfg: DecodeConfig, proposal: Proposal, drafter: Drafte
         # a replay (no re-drafts in the proposal) asks for the same prefixes
         prefixes = [list(p) for p in chain_substitutions(proposal.top_ids, proposal.top_logprobs, fused, n)]
     else:
-        first = best_first(base, cfg.v_max, graft=graft)
+        first = best_first(base, cfg.v_max, graft=graft, admit=admit)
         prefixes = [list(first.paths[i]) for i in substitutions(first, n, policy.count)] if redraft else []
         if not prefixes:
             alt = None
             if flip:                                    # exact unless the flipped tree would have re-drafted
-                other_bf = best_first(base, cfg.v_max, graft=other)
+                other_bf = best_first(base, cfg.v_max, graft=other, admit=admit)
                 if not redraft or not substitutions(other_bf, n, policy.count):
                     alt = other_bf.tree
             return TreePlan(first.tree, lookup_nodes=graft_nodes(first.tree, graft), grafted=graft is not None,
@@ -388,7 +399,7 @@ def build_cure_best_first(cfg: DecodeConfig, proposal: Proposal, drafter: Drafte
         tables = blend(proposal.top_ids, proposal.top_logprobs, 1,
                        [(len(p) + 1, r.top_ids, r.top_logprobs) for p, r in live], policy.weight)
         under = {p: t for (p, _), t in zip(live, tables)}
-    final = best_first(base, cfg.v_max, under, graft)
+    final = best_first(base, cfg.v_max, under, graft, admit)
     # the re-drafted substitutions that made it into the tree, as UFPs
     by_pos: dict[int, list[int]] = {}
     for p in prefixes:
@@ -397,7 +408,7 @@ def build_cure_best_first(cfg: DecodeConfig, proposal: Proposal, drafter: Drafte
     margins = proposal.margins if by_pos else []
     ufps = tuple(UFP(position=pos, margin=margins[pos], budget=len(alts), alternatives=tuple(alts))
                  for pos, alts in sorted(by_pos.items()))
-    alt = best_first(base, cfg.v_max, under, other).tree if flip and fused else None
+    alt = best_first(base, cfg.v_max, under, other, admit).tree if flip and fused else None
     return TreePlan(final.tree, ufps, redraft_ms=redraft_ms, lookup_nodes=graft_nodes(final.tree, graft),
                     unrepaired=None if fused else first.tree, grafted=graft is not None, lookup_alt=alt)
 

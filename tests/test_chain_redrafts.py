@@ -164,6 +164,9 @@ def test_cure_over_an_ar_chain_stops_drafting_where_the_chain_gets_unlikely(targ
         def best_tree(self):
             return None
 
+        def admission(self, v):                         # no nodes past the budget
+            return ()
+
     handed = {}
     monkeypatch.setattr(Engine, "_make_tuner", lambda self, cfg: Cycle())
     pair = ar_pair(target, drafts["mild"])
@@ -213,6 +216,9 @@ def test_a_block_with_no_room_to_draft_under_a_draft_stop(target, drafts, monkey
 
         def best_tree(self):
             return None
+
+        def admission(self, v):                         # no nodes past the budget
+            return ()
 
     monkeypatch.setattr(Engine, "_make_tuner", lambda self, cfg: Fixed())
     pair = ar_pair(target, drafts["mild"])

@@ -68,7 +68,10 @@ def test_every_strategy_equals_ar(target, drafts, prompt, conf, noise):
         assert out == ref, f"{strategy} diverged from ar with {conf}"
         assert all(b.tree_size <= conf["v_max"] for b in blocks)
         if conf["auto_budget"]:
-            assert all(b.tree_size <= b.meta["v_max"] for b in blocks if b.draft)
+            # the budget bounds the tree, but for the nodes best-first cure admits past it (BudgetTuner.admission)
+            assert all(b.tree_size == b.meta["v_max"] + b.meta["admitted"] if "admitted" in b.meta
+                       else b.tree_size <= b.meta["v_max"] for b in blocks if b.draft)
+            assert strategy == "cure" or not any("admitted" in b.meta for b in blocks)
 
 
 @pytest.mark.parametrize("strategy", SPECULATIVE)
@@ -170,6 +173,56 @@ def test_budget_tuner_prefers_small_trees_when_verification_is_steep():
     assert steep_t.rate(15) > steep_t.rate(64)
 
 
+def test_admission_prices_each_row_past_the_budget():
+    """BudgetTuner.admission: -inf up to the budget, then the joint draft log-prob a node needs for its
+    verification row to pay at the predicted rate: p^gamma >= rate(v) x (C_v(n+1) - C_v(n)); up to the warm-up
+    budget; nothing before a rate exists or at budget 0; every node up to the cap where rows cost nothing."""
+    import math
+    from cure_core.budget import BudgetTuner, CostCurve
+    steep = CostCurve((0, 4, 8, 16), (100.0, 104.0, 144.0, 224.0))         # past 4 nodes a row costs 10 ms
+    t = BudgetTuner(steep, [1, 2, 4, 8, 16], warmup_cost=3.0)             # warm-up budget 16 (224 <= 300)
+    assert t.warmup_budget == 16 and t.admission(4) == ()                  # nothing rated yet
+    for _ in range(6):
+        t.observe(tuner_block([0, 1], 4, draft_ms=20.0), 4)
+    r, gamma = t.rate(4), t.calibration()
+    bar = t.admission(4)
+    assert len(bar) == 16 and bar[:4] == (-math.inf,) * 4
+    assert bar[4] == pytest.approx(math.log(r * 10.0) / gamma) and bar[15] == pytest.approx(bar[4])
+    assert t.admission(0) == () and t.admission(16) == ()                  # budget 0; the cap itself
+    flat = BudgetTuner(CostCurve((0, 64), (100.0, 100.0)), [4, 64])
+    for _ in range(6):
+        flat.observe(tuner_block([0, 1], 4, draft_ms=20.0), 4)
+    assert flat.admission(4)[4:] == (-math.inf,) * (flat.warmup_budget - 4)
+
+
+def test_cure_admits_nodes_past_the_budget_and_stays_lossless(target, drafts, monkeypatch):
+    """Under --v-max auto best-first cure's tree takes the nodes admission lets past the tuner's budget (here
+    every node up to 9, over the tuner's budget, here always 3): output still ar's, each block's extra nodes in
+    its meta, the block drafted whole; with `admit` off, and for ddtree, trees stay within the budget."""
+    import math
+    from cure_core.budget import BudgetTuner
+
+    def choose(self):
+        self.blocks += 1
+        self.last_choice, self.last_phase, self.last_prediction = 3, "settled", None
+        return 3
+    monkeypatch.setattr(BudgetTuner, "choose", choose)
+    monkeypatch.setattr(BudgetTuner, "admission", lambda self, v: (-math.inf,) * max(v, 9) if v > 0 else ())
+    pair = make_pair(target, drafts["mild"])
+    prompt = list(b"def add(a, b):\n    return")
+    conf = dict(k=8, max_new_tokens=24, v_max=16, auto_budget=True)
+    ref, _ = run(pair, DecodeConfig(strategy="ar", **conf), prompt)
+    out, blocks = run(pair, DecodeConfig(strategy="cure", **conf), prompt)
+    assert out == ref
+    past = [b for b in blocks if "admitted" in b.meta]
+    assert past and all(b.tree_size == b.meta["v_max"] + b.meta["admitted"] <= 9 for b in past)
+    assert any(len(b.draft) > b.meta["v_max"] for b in past)              # drafted deeper than the budget
+    for cfg in (DecodeConfig(strategy="cure", admit=False, **conf), DecodeConfig(strategy="ddtree", **conf)):
+        out, blocks = run(pair, cfg, prompt)
+        assert out == ref and not any("admitted" in b.meta for b in blocks)
+        assert all(b.tree_size <= b.meta["v_max"] for b in blocks if b.draft)
+
+
 def test_budget_tuner_costs_the_tree_a_budget_would_really_hold():
     from cure_core.budget import BudgetTuner, CostCurve
 
@@ -243,6 +296,9 @@ def test_blocks_without_a_draft_keep_the_drafter_in_sync(target, strategy, monke
 
         def redraft_pays(self, v):
             return True
+
+        def admission(self, v):                        # no nodes past the budget
+            return ()
 
     monkeypatch.setattr(Engine, "_make_tuner", lambda self, cfg: Alternate())
     if strategy == "sd":

@@ -342,3 +342,25 @@ def test_blending_keeps_the_proposals_candidates_below_a_substitution():
                                                               [math.log(.9), math.log(.05), math.log(.05)]])})
     cfg = DecodeConfig(strategy="cure", k=4, v_max=5, redrafts=1, redraft_weight=0.0)
     assert tree_paths(build_cure_best_first(cfg, p, d).tree) == tree_paths(build_ddtree(cfg.with_(strategy="ddtree"), p))
+
+
+@pytest.mark.parametrize("budget,bar", [(2, -0.7), (3, -1.5), (4, -3.0), (1, -math.inf)])
+def test_best_first_admits_nodes_past_its_budget_while_their_scores_reach_the_bar(budget, bar):
+    """`admit` (BudgetTuner.admission): past the budget the heap goes on while the next node scores at least
+    the bar. Scores only fall as the heap pops, so the tree is exactly the best-first tree of its own size."""
+    from cure_core.strategies import Table, best_first
+    gen = torch.Generator().manual_seed(budget)
+    logp = torch.log_softmax(torch.randn(6, 5, generator=gen) * 2, -1).sort(-1, descending=True)
+    ids = torch.randint(0, 50, (6, 5), generator=gen)
+    base = Table(ids.tolist(), logp.values.tolist())
+    cap = 12
+    full = best_first(base, cap)
+    n = budget
+    while n < min(cap, len(full.tree)) and full.scores[n] >= bar:
+        n += 1
+    got = best_first(base, budget, admit=(-math.inf,) * budget + (bar,) * (cap - budget))
+    ref = best_first(base, n)
+    assert (got.tree.tokens, got.tree.parents) == (ref.tree.tokens, ref.tree.parents)
+    assert len(got.tree) == n and n >= budget
+    assert all(s >= bar for s in got.scores[budget:])
+    assert best_first(base, budget).tree.tokens == full.tree.tokens[:budget]        # no bar: the budget, exactly
