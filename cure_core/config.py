@@ -71,7 +71,7 @@ class DecodeConfig:
                                   # continuation of its last n-gram's latest earlier occurrence) into the
                                   # heap, scored by their measured acceptance (lookup.py); 0 = off
     lookup_ngram: int = 2         # the longest trailing n-gram the lookup matches (then shorter ones)
-    admit: bool = True            # best-first under --v-max auto: past the tuner's budget the heap goes on while
+    admit: bool = False           # best-first under --v-max auto: past the tuner's budget the heap goes on while
                                   # the next node's calibrated acceptance pays for its verification row at the
                                   # predicted rate (BudgetTuner.admission)
     # --- ablations (paper Table 4) ---

@@ -49,6 +49,7 @@ def configs(draw):
         kv_cache=draw(st.sampled_from(["static", "dynamic"])),
         cure_tree=draw(st.sampled_from(["best-first", "paper"])),
         redrafts=draw(st.integers(0, 4)),
+        admit=draw(st.booleans()),
     )
 
 
@@ -198,7 +199,7 @@ def test_admission_prices_each_row_past_the_budget():
 def test_cure_admits_nodes_past_the_budget_and_stays_lossless(target, drafts, monkeypatch):
     """Under --v-max auto best-first cure's tree takes the nodes admission lets past the tuner's budget (here
     every node up to 9, over the tuner's budget, here always 3): output still ar's, each block's extra nodes in
-    its meta, the block drafted whole; with `admit` off, and for ddtree, trees stay within the budget."""
+    its meta, the block drafted whole; with `admit` off (the default), and for ddtree, trees stay within the budget."""
     import math
     from cure_core.budget import BudgetTuner
 
@@ -212,15 +213,25 @@ def test_cure_admits_nodes_past_the_budget_and_stays_lossless(target, drafts, mo
     prompt = list(b"def add(a, b):\n    return")
     conf = dict(k=8, max_new_tokens=24, v_max=16, auto_budget=True)
     ref, _ = run(pair, DecodeConfig(strategy="ar", **conf), prompt)
-    out, blocks = run(pair, DecodeConfig(strategy="cure", **conf), prompt)
+    out, blocks = run(pair, DecodeConfig(strategy="cure", admit=True, **conf), prompt)
     assert out == ref
     past = [b for b in blocks if "admitted" in b.meta]
     assert past and all(b.tree_size == b.meta["v_max"] + b.meta["admitted"] <= 9 for b in past)
     assert any(len(b.draft) > b.meta["v_max"] for b in past)              # drafted deeper than the budget
-    for cfg in (DecodeConfig(strategy="cure", admit=False, **conf), DecodeConfig(strategy="ddtree", **conf)):
+    for cfg in (DecodeConfig(strategy="cure", **conf), DecodeConfig(strategy="ddtree", admit=True, **conf)):
         out, blocks = run(pair, cfg, prompt)
         assert out == ref and not any("admitted" in b.meta for b in blocks)
         assert all(b.tree_size <= b.meta["v_max"] for b in blocks if b.draft)
+
+
+def test_nodes_admitted_past_the_budget_tell_the_tuner_nothing():
+    """A block's tree extended past its budget (`admission`) is learnt as the budget's tree, cut there: its extra
+    nodes came only where the drafts were sure, so they must not rate the budgets above."""
+    from cure_core.budget import BudgetTuner, CostCurve
+    t = BudgetTuner(CostCurve((0, 64), (10.0, 74.0)), [4, 8, 16])
+    t.observe(tuner_block([0, 1, 2, 3, 4, 5], 8, draft_ms=1.0), 4)     # 8 nodes under a budget of 4, 6 accepted
+    assert t.history[-1] == ([0, 1, 2, 3, 4, 5], 4, True)
+    assert t.expected_accept(4) == 4 and t.expected_accept(8) is None     # nothing tells a(8)
 
 
 def test_budget_tuner_costs_the_tree_a_budget_would_really_hold():
