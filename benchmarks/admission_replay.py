@@ -11,7 +11,7 @@ against the lossless output (tree_shapes.accept). Modelled time per block: `--dr
 
     python benchmarks/tree_shapes.py --target qwen-coder-1.5b --k 8 --sets humaneval,gsm8k@20 --limit 20 \\
         --max-new-tokens 48 --budgets 4,16 --redrafts 2 --threads 2 --save-records records.pt
-    python benchmarks/admission_replay.py records.pt --target qwen-coder-1.5b --draft-ms 53 --budget 4
+    python benchmarks/admission_replay.py records.pt --curve qwen-coder-1.5b --draft-ms 53 --budget 4
     python benchmarks/admission_replay.py records.pt --tiny     # records of `tree_shapes.py --tiny`
 """
 from __future__ import annotations
@@ -139,7 +139,7 @@ def replay(records, curve: CostCurve, draft_ms: float, budget: int, depth: int, 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("records", help="blocks saved by tree_shapes.py --save-records")
-    ap.add_argument("--target", default="qwen-coder-0.5b", help="whose cached cost curve prices the trees")
+    ap.add_argument("--curve", default="qwen-coder-0.5b", help="the model alias whose cached cost curve prices the trees")
     ap.add_argument("--tiny", action="store_true", help="price with a synthetic curve (tiny-model records)")
     ap.add_argument("--draft-ms", type=float, default=50.0, help="drafter ms a block")
     ap.add_argument("--budget", type=int, default=4, help="the tuner's budget the rule admits past")
@@ -151,7 +151,7 @@ def main(argv=None) -> dict:
     records = load_records(args.records)
     if not records:
         raise SystemExit("no blocks in the records")
-    curve = CostCurve((0, 4, 8, 64), (100.0, 104.0, 144.0, 704.0)) if args.tiny else cached_curve(args.target)
+    curve = CostCurve((0, 4, 8, 64), (100.0, 104.0, 144.0, 704.0)) if args.tiny else cached_curve(args.curve)
     full = max(len(r.proposal.tokens) for r in records)
     depths = [int(d) for d in args.depths.split(",")] if args.depths else sorted({min(args.budget, full), full})
     sets = sorted({r.set for r in records})

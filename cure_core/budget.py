@@ -611,10 +611,11 @@ class BudgetTuner:
         (C_v(n+1) - C_v(n)). The budget is the tuner's bet on an average block; the drafter's own probabilities
         say which blocks are sure enough for more. On the 1.5B pair's recorded tuning blocks (706, HumanEval
         1-20 and GSM8K 21-40, full-depth drafts) this over budget 4 modelled +1.2% tokens per second
-        (+0.5% / +1.1% per set) against the best fixed budget, with drafts only 4 deep +0.1-0.4% (the extra
+        (+0.6% / +1.1% per set) against the best fixed budget, with drafts only 4 deep +0.0-0.3% (the extra
         nodes are mostly deeper), so over a block-parallel drafter the engine drafts the whole block where it
         admits. Up to the warm-up budget (verification within `warmup_cost` one-token steps); empty at budget
-        0 and before anything is rated."""
+        0 and before anything is rated. Timed on the held-out sets it was neutral on both embedded pairs
+        (0.997, 0.998: benchmarks/results/admit_ab2_*), so `DecodeConfig.admit` is off by default."""
         cap = max(v, self.warmup_budget)
         r = self.rate(v) if v > 0 else None
         if r is None or cap <= v:

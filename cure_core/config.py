@@ -73,7 +73,8 @@ class DecodeConfig:
     lookup_ngram: int = 2         # the longest trailing n-gram the lookup matches (then shorter ones)
     admit: bool = False           # best-first under --v-max auto: past the tuner's budget the heap goes on while
                                   # the next node's calibrated acceptance pays for its verification row at the
-                                  # predicted rate (BudgetTuner.admission)
+                                  # predicted rate (BudgetTuner.admission); off: neutral on both embedded pairs
+                                  # (benchmarks/results/admit_ab2_*)
     # --- ablations (paper Table 4) ---
     keep_branch0: bool = True     # False: the drafted block is not verified unless a repair shares it
     resync: bool = True           # False: the drafter is fed branch 0's tokens instead of the emitted ones
