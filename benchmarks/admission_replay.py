@@ -7,7 +7,8 @@ modelled rate on the same blocks and gamma the maximum-likelihood fit over the b
 `BudgetTuner.calibration` fits it online), or the values given. Each block's tree is `strategies.best_first` over
 its recorded proposal (ddtree's tree; cure's re-draft pass is left out), cut to `--depth` rows (the drafted
 block: the budget's rows where the engine drafts only those, K-1 where it drafts the whole block), and judged
-against the lossless output (tree_shapes.accept). Modelled time per block: `--draft-ms` + C_v(tree size).
+against the lossless output (strategies.path_nodes: the truth's nodes the tree holds). Modelled time per block:
+`--draft-ms` + C_v(tree size).
 
     python benchmarks/tree_shapes.py --target qwen-coder-1.5b --k 8 --sets humaneval,gsm8k@20 --limit 20 \\
         --max-new-tokens 48 --budgets 4,16 --redrafts 2 --threads 2 --save-records records.pt
@@ -24,14 +25,13 @@ import pickle
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import tree_shapes  # noqa: E402  (the records' own module: torch.load unpickles its Recorded)
 
-from cure_core.budget import CostCurve  # noqa: E402
-from cure_core.strategies import Table, best_first  # noqa: E402
+from cure_core.budget import CostCurve, fit_calibration  # noqa: E402
+from cure_core.strategies import Table, best_first, path_nodes  # noqa: E402
 
 FIXED = (1, 2, 3, 4, 5, 6, 8, 12, 16)
 
@@ -67,19 +67,14 @@ def cached_curve(target: str) -> CostCurve:
 
 
 def fit_gamma(records) -> float:
-    """gamma by maximum likelihood over the blocks' branch-0 chains: depth d accepted iff the top-1 chain matches
-    the truth through d; P = p_joint(d)^gamma (the grid and rule of BudgetTuner.calibration)."""
-    logp, hit = [], []
+    """gamma over the blocks' branch-0 chains (budget.fit_calibration, what BudgetTuner.calibration fits online):
+    depth d counts as accepted iff the top-1 chain matches the truth through d."""
+    chains = []
     for r in records:
         lps = list(itertools.accumulate(r.proposal.top_logprobs[:, 0].tolist()))
         a = next((d for d, (t, u) in enumerate(zip(r.proposal.tokens, r.truth)) if t != u), min(len(lps), len(r.truth)))
-        logp += lps
-        hit += [float(d < a) for d in range(len(lps))]
-    lp, h = np.array(logp), np.array(hit)
-    grid = np.exp(np.linspace(math.log(1 / 16), math.log(2.0), 49))
-    la = np.minimum(grid[:, None] * lp[None, :], -1e-9)
-    ll = (h * la + (1 - h) * np.log(-np.expm1(la))).sum(1)
-    return float(grid[int(np.argmax(ll))])
+        chains.append((lps, a))
+    return fit_calibration(chains)
 
 
 def heap_order(records, depth: int, cap: int) -> list[tuple[list[float], set[int]]]:
@@ -88,16 +83,7 @@ def heap_order(records, depth: int, cap: int) -> list[tuple[list[float], set[int
     for r in records:
         t = Table.of(r.proposal)
         bf = best_first(Table(t.ids[:depth], t.logp[:depth]), cap)
-        children: dict[int, dict[int, int]] = {}
-        for i, (tok, par) in enumerate(zip(bf.tree.tokens, bf.tree.parents)):
-            children.setdefault(par, {})[tok] = i
-        node, path = -1, set()
-        for tok in r.truth:
-            node = children.get(node, {}).get(tok)
-            if node is None:
-                break
-            path.add(node)
-        out.append((bf.scores, path))
+        out.append((bf.scores, set(path_nodes(bf.tree, r.truth))))
     return out
 
 

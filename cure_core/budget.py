@@ -203,6 +203,17 @@ def _tells(u: int, size: int, cut: bool) -> bool:
     return not (cut and u > size)
 
 
+def fit_calibration(chains: list[tuple[list[float], int]]) -> float:
+    """gamma by maximum likelihood over chains (the joint draft log-prob at depths 1..D, the depths the target
+    accepted): depth d accepted with probability exp(gamma x l_d), on a grid in [1/16, 2]."""
+    logp = np.array([lp for lps, _ in chains for lp in lps], dtype=np.float64)                   # [n]
+    hit = np.array([float(d < a) for lps, a in chains for d in range(len(lps))])                  # [n]
+    grid = np.exp(np.linspace(math.log(1 / 16), math.log(2.0), 49))                               # [G]
+    log_acc = np.minimum(grid[:, None] * logp[None, :], -1e-9)                                     # [G, n]
+    ll = (hit * log_acc + (1 - hit) * np.log(-np.expm1(log_acc))).sum(1)                          # [G]
+    return float(grid[int(np.argmax(ll))])
+
+
 class BudgetTuner:
     """Online choice of the tree budget V from the cost curve and the acceptance seen so far."""
 
@@ -437,15 +448,7 @@ class BudgetTuner:
         (p itself) until 8 blocks have been seen."""
         if self._gamma is None:
             recent = self.chains[-self.window:]
-            gamma = 1.0
-            if len(recent) >= 8:
-                logp = np.array([lp for lps, _ in recent for lp in lps], dtype=np.float64)           # [n]
-                hit = np.array([float(d < a) for lps, a in recent for d in range(len(lps))])          # [n]
-                grid = np.exp(np.linspace(math.log(1 / 16), math.log(2.0), 49))                       # [G]
-                log_acc = np.minimum(grid[:, None] * logp[None, :], -1e-9)                             # [G, n]
-                ll = (hit * log_acc + (1 - hit) * np.log(-np.expm1(log_acc))).sum(1)                  # [G]
-                gamma = float(grid[int(np.argmax(ll))])
-            self._gamma = gamma
+            self._gamma = fit_calibration(recent) if len(recent) >= 8 else 1.0
         return self._gamma
 
     def _check_stale_curve(self) -> None:
@@ -463,10 +466,13 @@ class BudgetTuner:
             forget_cost_curve(self.curve.key)               # (already gone: another process dropped it)
             self.curve_forgotten = True
 
+    def scale(self) -> float:
+        """How verification times run now against the start-up curve (median over the window)."""
+        return statistics.median(self.verify_scale[-self.window:]) if self.verify_scale else 1.0
+
     def verify_ms(self, v: float) -> float:
         """C_v(V): the start-up curve, rescaled online by how verification times run now."""
-        scale = statistics.median(self.verify_scale[-self.window:]) if self.verify_scale else 1.0
-        return self.curve.verify(v) * scale
+        return self.curve.verify(v) * self.scale()
 
     def choose(self) -> int:
         self.blocks += 1
@@ -620,10 +626,10 @@ class BudgetTuner:
         r = self.rate(v) if v > 0 else None
         if r is None or cap <= v:
             return ()
-        gamma = self.calibration()
+        gamma, scale = self.calibration(), self.scale()                # once a block, not once a row
         out = [-math.inf] * v
         for n in range(v, cap):
-            price = r * (self.verify_ms(n + 1) - self.verify_ms(n))     # tokens the row's time earns elsewhere
+            price = r * scale * (self.curve.verify(n + 1) - self.curve.verify(n))   # tokens the row's time earns
             out.append(-math.inf if price <= 0 else math.log(price) / gamma)
         return tuple(out)
 
