@@ -203,12 +203,12 @@ def _tells(u: int, size: int, cut: bool) -> bool:
     return not (cut and u > size)
 
 
-def fit_calibration(chains: list[tuple[list[float], int]]) -> float:
+def fit_calibration(chains: list[tuple[list[float], int]], hi: float = 2.0) -> float:
     """gamma by maximum likelihood over chains (the joint draft log-prob at depths 1..D, the depths the target
-    accepted): depth d accepted with probability exp(gamma x l_d), on a grid in [1/16, 2]."""
+    accepted): depth d accepted with probability exp(gamma x l_d), on a grid in [1/16, hi]."""
     logp = np.array([lp for lps, _ in chains for lp in lps], dtype=np.float64)                   # [n]
     hit = np.array([float(d < a) for lps, a in chains for d in range(len(lps))])                  # [n]
-    grid = np.exp(np.linspace(math.log(1 / 16), math.log(2.0), 49))                               # [G]
+    grid = np.exp(np.linspace(math.log(1 / 16), math.log(hi), 49))                                # [G]
     log_acc = np.minimum(grid[:, None] * logp[None, :], -1e-9)                                     # [G, n]
     ll = (hit * log_acc + (1 - hit) * np.log(-np.expm1(log_acc))).sum(1)                          # [G]
     return float(grid[int(np.argmax(ll))])

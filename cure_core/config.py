@@ -75,6 +75,9 @@ class DecodeConfig:
                                   # the next node's calibrated acceptance pays for its verification row at the
                                   # predicted rate (BudgetTuner.admission); off: neutral on both embedded pairs
                                   # (benchmarks/results/admit_ab2_*)
+    calibrate: bool = True        # best-first: rank nodes by the target's acceptance fitted online at T=0, a
+                                  # lower candidate's log-prob weighted against a top-1's (calibration.py);
+                                  # False: the drafter's joint log-prob alone, as ddtree
     # --- ablations (paper Table 4) ---
     keep_branch0: bool = True     # False: the drafted block is not verified unless a repair shares it
     resync: bool = True           # False: the drafter is fed branch 0's tokens instead of the emitted ones

@@ -23,8 +23,9 @@ from .lm import CachedLM, padded_size
 from .metrics import common_prefix
 from .lookup import Graft, LookupStats, NgramIndex
 from .redraft_price import RedraftPrice
-from .strategies import (CHAIN_STRATEGIES, admits, build_tree, drafted_steps, path_nodes, prices_redraft_pass,
-                         propose, stops_drafting, uses_lookup)
+from .calibration import NodeCalibration
+from .strategies import (CHAIN_STRATEGIES, admits, build_tree, calibrates, drafted_steps, path_nodes,
+                         prices_redraft_pass, propose, stops_drafting, uses_lookup)
 from .tree import DraftTree, greedy_accept, sample_accept
 
 
@@ -87,6 +88,7 @@ class Engine:
         self._tuners: dict[DecodeConfig, BudgetTuner] = {}    # tuner_key(cfg) -> its tuner
         self._lookups: dict[DecodeConfig, LookupStats] = {}   # tuner_key(cfg) -> lookup acceptance (cfg.lookup)
         self._prices: dict[DecodeConfig, RedraftPrice] = {}   # tuner_key(cfg) -> its re-draft pass at a fixed budget
+        self._calibrations: dict[DecodeConfig, NodeCalibration] = {}   # tuner_key(cfg) -> node acceptance (calibrate)
         self._kept: CachedPrefix | None = None                # the last generation's caches (reuse_prefix)
         self._started = 0                                     # generations started: the newest owns the caches
 
@@ -211,6 +213,8 @@ class Engine:
         price = self.fixed_price_for(cfg) if drafter is not None else None
         lookup = self._lookups.setdefault(self.tuner_key(cfg), LookupStats()) if uses_lookup(cfg) else None
         extends = tuner is not None and drafter is not None and admits(cfg)     # nodes past the budget
+        calibration = (self._calibrations.setdefault(self.tuner_key(cfg), NodeCalibration())
+                       if drafter is not None and calibrates(cfg) else None)
         sequential = getattr(drafter, "sequential", False)
         now = _clock(target.device, sync=timings or tuner is not None or price is not None)
 
@@ -292,8 +296,14 @@ class Engine:
             # the lookup graft goes in while it wins acceptance at this budget (LookupStats.grafts); at T=0
             # the tree with it flipped is built too, so every block measures it
             graft_on = lookup is None or lookup.grafts(budget)
+            # best-first cure scores a lower candidate's log-prob at the weight its acceptance earned, at budgets
+            # where that wins (calibration.py); at T=0 the tree with the other weight is built too, to measure it
+            fitted = calibration.weight() if calibration is not None else 1.0
+            weighs = fitted != 1.0 and calibration.uses(budget)
             plan = build_tree(block_cfg, proposal, drafter, graft, redraft, graft_on,
-                              flip=graft is not None and cfg.temperature == 0, admit=admit)
+                              flip=graft is not None and cfg.temperature == 0, admit=admit,
+                              weight=fitted if weighs else 1.0,
+                              weight_alt=(1.0 if weighs else fitted) if fitted != 1.0 and cfg.temperature == 0 else None)
             tree = plan.tree
             t_tree_end = now()
 
@@ -328,6 +338,10 @@ class Engine:
             walked = [tree.tokens[i] for i in path] + [bonus]
             emitted, stop = _cut(walked, cfg.max_new_tokens - new, len(prompt) + new, limit, eos)
             accepted = set(path)
+            if calibration is not None and cfg.temperature == 0 and plan.ranks:
+                calibration.observe(plan.ranks, plan.logq, tree.parents, accepted)
+                if plan.weight_alt is not None:          # what the fitted weight won or lost this block
+                    calibration.observe_gain(budget, weighs, len(path), len(path_nodes(plan.weight_alt, walked)))
             if lookup is not None and plan.lookup_nodes:
                 lookup.observe(plan.lookup_nodes, accepted)
             if plan.lookup_alt is not None:                # T=0: what the graft won or lost this block

@@ -26,6 +26,8 @@ from typing import Sequence
 
 import numpy as np
 
+from .calibration import flip_gain
+
 
 @dataclass(frozen=True)
 class Graft:
@@ -108,11 +110,7 @@ class LookupStats:
         holds `alt_held` tokens of the target's greedy path (accepted + bonus), so it would have accepted
         exactly that many, or more where it holds all accepted + 1 (then the gain is counted as 1 token,
         the least it is). gain = accepted with the graft - accepted without it."""
-        if grafted:
-            gain = accepted - alt_held               # alt_held == accepted + 1: the tree without did >= 1 better
-        else:
-            gain = alt_held - accepted               # alt_held == accepted + 1: the graft would have won >= 1
-        self.gains.setdefault(v, deque(maxlen=self.window)).append(gain)
+        self.gains.setdefault(v, deque(maxlen=self.window)).append(flip_gain(grafted, accepted, alt_held))
 
     def logp(self, depth: int) -> float:
         """log-prob of the lookup token at path depth `depth` (1-based) given its parent was accepted."""

@@ -3,9 +3,10 @@
   ar        no tree: the target verifies the root alone and emits its next token
   sd        branch 0 only (an autoregressive draft model's chain)
   parallel  branch 0 only (the block-parallel draft)
-  cure      best-first (default): nodes by joint draft log-prob, as ddtree, but the subtrees under the
-            best substitutions (non-top-1 tokens) are re-drafted conditioned on them, and the re-drafted
-            log-probs compete for the budget in the same heap
+  cure      best-first (default): nodes by joint draft log-prob, as ddtree, but lower candidates' log-probs
+            weighted by the acceptance the target showed (calibration.py), and the subtrees under the best
+            substitutions (non-top-1 tokens) re-drafted conditioned on them, the re-drafted log-probs
+            competing for the budget in the same heap
             paper: branch 0 + repair branches at Uncertainty Focal Points, suffixes re-drafted
   ddtree    best-first over the drafter's per-position top-k log-probs, no re-drafting: the reference
             rule (liranringel/ddtree, Algorithm 1), no per-depth width cap, children limited by the budget
@@ -40,6 +41,10 @@ class TreePlan:
     unrepaired: DraftTree | None = None  # cure best-first after a re-draft pass: the tree before it (what the
                                          # block would have verified without the pass: redraft_price.py)
     grafted: bool = False                # the lookup graft went into the heap (LookupStats.grafts)
+    ranks: tuple[int, ...] = ()          # best-first cure: per node its rank in its table (-1: grafted)...
+    logq: tuple[float, ...] = ()         # ...and its own draft log-prob (calibration.NodeCalibration learns them)
+    weight_alt: DraftTree | None = None  # best-first cure: the tree with the other node weight, where it is exactly
+                                         # what the block would have verified otherwise (NodeCalibration.observe_gain)
     lookup_alt: DraftTree | None = None  # the tree with the graft flipped (without it where grafted, with it where
                                          # withheld), where it is exactly what the block would have verified
                                          # otherwise (no re-draft pass ran): what LookupStats.observe_gain learns from
@@ -60,6 +65,12 @@ def uses_lookup(cfg: DecodeConfig) -> bool:
     """Rule: prompt lookup grafts into best-first cure only (ddtree stays the reference rule, the paper tree
     the paper's)."""
     return cfg.lookup > 0 and cfg.strategy == "cure" and cfg.cure_tree == "best-first"
+
+
+def calibrates(cfg: DecodeConfig) -> bool:
+    """Rule: best-first cure ranks nodes by the acceptance the target showed (`calibrate`; calibration.py);
+    ddtree stays the reference rule, the paper tree the paper's."""
+    return cfg.calibrate and cfg.strategy == "cure" and cfg.cure_tree == "best-first"
 
 
 def admits(cfg: DecodeConfig) -> bool:
@@ -124,13 +135,16 @@ def propose(cfg: DecodeConfig, drafter: Drafter, root: int, n: int, stop_logp: f
 
 def build_tree(cfg: DecodeConfig, proposal: Proposal | None, drafter: Drafter | None,
                graft: Graft | None = None, redraft: bool = True, graft_on: bool = True,
-               flip: bool = False, admit: Sequence[float] = ()) -> TreePlan:
+               flip: bool = False, admit: Sequence[float] = (), weight: float = 1.0,
+               weight_alt: float | None = None) -> TreePlan:
     """The block's tree. `redraft=False`: best-first cure skips its re-draft pass (the tuner's
     `redraft_pays` or a fixed budget's RedraftPrice), so the tree is ddtree's (with the lookup graft).
     `graft_on=False`: the lookup continuation `graft` stays out of the heap (LookupStats.grafts);
     `flip`: also build the tree with it flipped (TreePlan.lookup_alt), to measure what it wins.
     `admit`: best-first cure's nodes past the budget (best_first; BudgetTuner.admission), in every tree it
-    builds, so what the re-draft pass and the graft win is measured between trees of the same rule."""
+    builds, so what the re-draft pass and the graft win is measured between trees of the same rule.
+    `weight`: best-first cure's weight of a lower candidate's log-prob (calibration.NodeCalibration), in every
+    tree it builds; `weight_alt`: also build the tree with that weight instead (TreePlan.weight_alt)."""
     if cfg.strategy == "ar" or proposal is None:
         return TreePlan(DraftTree())
     if cfg.strategy in CHAIN_STRATEGIES:
@@ -140,7 +154,8 @@ def build_tree(cfg: DecodeConfig, proposal: Proposal | None, drafter: Drafter | 
     if cfg.strategy == "cure" and cfg.cure_tree == "paper":
         return build_cure_tree(cfg, proposal, drafter)
     if cfg.strategy == "cure":
-        return build_cure_best_first(cfg, proposal, drafter, graft, redraft, graft_on, flip, admit)
+        return build_cure_best_first(cfg, proposal, drafter, graft, redraft, graft_on, flip, admit, weight,
+                                     weight_alt)
     return TreePlan(build_ddtree(cfg, proposal))
 
 
@@ -192,19 +207,21 @@ class Table:
 
 @dataclass
 class BestFirst:
-    """A best-first tree and, per node, what built it: its joint log-prob, its rank in the table it came
-    from, and its path of tokens from depth 1 (keys the re-drafted tables)."""
+    """A best-first tree and, per node, what built it: its score (joint log-prob, lower candidates weighted),
+    its rank in the table it came from, its path of tokens from depth 1 (keys the re-drafted tables) and its
+    own log-prob (what calibration.NodeCalibration learns from)."""
     tree: DraftTree = field(default_factory=DraftTree)
     scores: list[float] = field(default_factory=list)
     ranks: list[int] = field(default_factory=list)
     paths: list[tuple[int, ...]] = field(default_factory=list)
+    logq: list[float] = field(default_factory=list)     # the node's own log-prob in its table (or the graft's)
 
 
 PATH_RANK = 1 << 30        # heap ranks of grafted path tokens: after any table candidate at an equal score
 
 
 def best_first(base: Table, budget: int, under: dict[tuple[int, ...], Table] | None = None,
-               graft: Graft | None = None, admit: Sequence[float] = ()) -> BestFirst:
+               graft: Graft | None = None, admit: Sequence[float] = (), weight: float = 1.0) -> BestFirst:
     """The `budget` nodes of highest joint draft log-prob (DDTree's Algorithm 1).
 
     A node at depth d holding the j-th candidate scores its parent's score + log q_d(candidate); every
@@ -217,7 +234,9 @@ def best_first(base: Table, budget: int, under: dict[tuple[int, ...], Table] | N
     scores the (i-1)-th's score + graft.logp[i]; where a token is already in the tree the path goes on
     under that node at no cost; a node it adds gets no table children (rank -1: never a substitution).
     `admit` (BudgetTuner.admission): past `budget`, the (n+1)-th node still joins while its score is at least
-    admit[n] (n < len(admit)); scores only fall as the heap pops, so the tree is still the best of its size."""
+    admit[n] (n < len(admit)); scores only fall as the heap pops, so the tree is still the best of its size.
+    `weight` (best-first cure: calibration.NodeCalibration): a lower candidate (rank >= 1) adds weight x its
+    log-prob, a top-1 candidate its log-prob; 1 is the reference rule."""
     under = under or {}
     out = BestFirst()
     tree = out.tree
@@ -228,10 +247,11 @@ def best_first(base: Table, budget: int, under: dict[tuple[int, ...], Table] | N
         if score > -math.inf:
             heapq.heappush(heap, (-score, ranks, parent, depth, rank, table))
 
-    def add(token: int, parent: int, branch: int, score: float, rank: int) -> int:
+    def add(token: int, parent: int, branch: int, score: float, rank: int, logq: float) -> int:
         node = tree.add_path([token], branch=branch, parent=parent)[0]
         out.scores.append(score)
         out.ranks.append(rank)
+        out.logq.append(logq)
         out.paths.append((out.paths[parent] if parent >= 0 else ()) + (token,))
         return node
 
@@ -247,15 +267,16 @@ def best_first(base: Table, budget: int, under: dict[tuple[int, ...], Table] | N
             node = tree._child.get((parent, token))
             if node is None:
                 branch = tree.branches[parent] if parent in grafted else len(tree) + 1
-                node = add(token, parent, branch, score, -1)
+                node = add(token, parent, branch, score, -1, graft.logp[rank])
                 grafted.add(node)
             if rank + 1 < len(graft.tokens):
                 push(score + graft.logp[rank + 1], (PATH_RANK, rank + 1), node, depth + 1, rank + 1, None)
             continue
         row = depth - table.first
-        if rank + 1 < len(table.ids[row]):                 # the next sibling candidate
-            push(score - table.logp[row][rank] + table.logp[row][rank + 1], ranks[:-1] + (rank + 1,),
-                 parent, depth, rank + 1, table)
+        logq = table.logp[row][rank]
+        if rank + 1 < len(table.ids[row]):                 # the next sibling candidate (rank >= 1: weighted)
+            push(score - (weight if rank else 1.0) * logq + weight * table.logp[row][rank + 1],
+                 ranks[:-1] + (rank + 1,), parent, depth, rank + 1, table)
         token = table.ids[row][rank]
         node = tree._child.get((parent, token))
         if node is not None and node not in grafted:        # a table repeating an id: one node, once
@@ -267,10 +288,10 @@ def best_first(base: Table, budget: int, under: dict[tuple[int, ...], Table] | N
         at = len(tree) if node is None else node
         branch = 0 if on_chain else (tree.branches[parent] if rank == 0 and parent >= 0 else at + 1)
         if node is None:
-            node = add(token, parent, branch, score, rank)
+            node = add(token, parent, branch, score, rank, logq)
         else:                                               # the graft took this token first: the table
             grafted.discard(node)                           # adopts its node and goes on under it
-            tree.branches[node], out.ranks[node] = branch, rank
+            tree.branches[node], out.ranks[node], out.logq[node] = branch, rank, logq
         child_table = under.get(out.paths[node], table)
         if depth < child_table.last():                    # its best child
             push(score + child_table.logp[depth + 1 - child_table.first][0], ranks + (0,), node, depth + 1, 0,
@@ -349,7 +370,8 @@ def substitutions(bf: BestFirst, depth_limit: int, count: int) -> list[int]:
 
 def build_cure_best_first(cfg: DecodeConfig, proposal: Proposal, drafter: Drafter,
                           graft: Graft | None = None, redraft: bool = True, graft_on: bool = True,
-                          flip: bool = False, admit: Sequence[float] = ()) -> TreePlan:
+                          flip: bool = False, admit: Sequence[float] = (), weight: float = 1.0,
+                          weight_alt: float | None = None) -> TreePlan:
     """Repair-aware best-first: the ddtree of the block, then the subtrees under its best substitutions
     (`redraft_policy`: how many, and the blend weight) re-drafted in ONE batched drafter pass conditioned
     on the substituted token, then best-first again with the re-drafted log-probs competing for the same
@@ -359,7 +381,7 @@ def build_cure_best_first(cfg: DecodeConfig, proposal: Proposal, drafter: Drafte
     The lookup `graft` goes in where `graft_on`; with `flip`, the tree with it flipped is built too where
     that is exactly the block's other tree: where neither tree runs a re-draft pass, or with a chain's own
     re-drafts (which do not depend on the tree). Where a pass ran, the flipped tree would have chosen its
-    own substitutions: no measurement."""
+    own substitutions: no measurement. The same holds for the tree with the node weight `weight_alt`."""
     used, other = (graft, None) if graft_on else (None, graft)
     flip = flip and graft is not None and bool(graft.tokens)
     graft = used
@@ -376,16 +398,21 @@ def build_cure_best_first(cfg: DecodeConfig, proposal: Proposal, drafter: Drafte
         # a replay (no re-drafts in the proposal) asks for the same prefixes
         prefixes = [list(p) for p in chain_substitutions(proposal.top_ids, proposal.top_logprobs, fused, n)]
     else:
-        first = best_first(base, cfg.v_max, graft=graft, admit=admit)
+        first = best_first(base, cfg.v_max, graft=graft, admit=admit, weight=weight)
         prefixes = [list(first.paths[i]) for i in substitutions(first, n, policy.count)] if redraft else []
         if not prefixes:
             alt = None
             if flip:                                    # exact unless the flipped tree would have re-drafted
-                other_bf = best_first(base, cfg.v_max, graft=other, admit=admit)
+                other_bf = best_first(base, cfg.v_max, graft=other, admit=admit, weight=weight)
                 if not redraft or not substitutions(other_bf, n, policy.count):
                     alt = other_bf.tree
+            walt = None
+            if weight_alt is not None:                  # exact unless that tree would have re-drafted
+                alt_bf = best_first(base, cfg.v_max, graft=graft, admit=admit, weight=weight_alt)
+                if not redraft or not substitutions(alt_bf, n, policy.count):
+                    walt = alt_bf.tree
             return TreePlan(first.tree, lookup_nodes=graft_nodes(first.tree, graft), grafted=graft is not None,
-                            lookup_alt=alt)
+                            lookup_alt=alt, ranks=tuple(first.ranks), logq=tuple(first.logq), weight_alt=walt)
     t0 = time.perf_counter()
     if fused and proposal.redrafts:
         redrafted = [proposal.redrafts[tuple(p)] for p in prefixes]
@@ -399,7 +426,7 @@ def build_cure_best_first(cfg: DecodeConfig, proposal: Proposal, drafter: Drafte
         tables = blend(proposal.top_ids, proposal.top_logprobs, 1,
                        [(len(p) + 1, r.top_ids, r.top_logprobs) for p, r in live], policy.weight)
         under = {p: t for (p, _), t in zip(live, tables)}
-    final = best_first(base, cfg.v_max, under, graft, admit)
+    final = best_first(base, cfg.v_max, under, graft, admit, weight)
     # the re-drafted substitutions that made it into the tree, as UFPs
     by_pos: dict[int, list[int]] = {}
     for p in prefixes:
@@ -408,9 +435,12 @@ def build_cure_best_first(cfg: DecodeConfig, proposal: Proposal, drafter: Drafte
     margins = proposal.margins if by_pos else []
     ufps = tuple(UFP(position=pos, margin=margins[pos], budget=len(alts), alternatives=tuple(alts))
                  for pos, alts in sorted(by_pos.items()))
-    alt = best_first(base, cfg.v_max, under, other, admit).tree if flip and fused else None
+    alt = best_first(base, cfg.v_max, under, other, admit, weight).tree if flip and fused else None
+    # a chain's own re-drafts do not depend on the tree: the other weight's tree is exact there too
+    walt = best_first(base, cfg.v_max, under, graft, admit, weight_alt).tree if weight_alt is not None and fused else None
     return TreePlan(final.tree, ufps, redraft_ms=redraft_ms, lookup_nodes=graft_nodes(final.tree, graft),
-                    unrepaired=None if fused else first.tree, grafted=graft is not None, lookup_alt=alt)
+                    unrepaired=None if fused else first.tree, grafted=graft is not None, lookup_alt=alt,
+                    ranks=tuple(final.ranks), logq=tuple(final.logq), weight_alt=walt)
 
 
 # ---------------------------------------------------------------------------------------------

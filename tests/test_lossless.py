@@ -50,6 +50,7 @@ def configs(draw):
         cure_tree=draw(st.sampled_from(["best-first", "paper"])),
         redrafts=draw(st.integers(0, 4)),
         admit=draw(st.booleans()),
+        calibrate=draw(st.booleans()),
     )
 
 
