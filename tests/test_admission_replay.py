@@ -1,14 +1,11 @@
 """benchmarks/admission_replay.py: fixed budgets and the admission rule replayed on recorded blocks (tiny models)."""
 import pytest
 
-from conftest import benchmark_script
+from conftest import benchmark_script, tiny_records
 
 
 def test_admission_replay_brackets_the_rule_between_its_budget_and_its_cap(tmp_path):
-    records = tmp_path / "records.pt"
-    with benchmark_script("tree_shapes") as shapes:
-        shapes.main(["--tiny", "--max-new-tokens", "24", "--budgets", "2,8", "--redrafts", "1", "--threads", "1",
-                     "--save-records", str(records)])
+    records = tiny_records(tmp_path / "records.pt", "2,8")
     with benchmark_script("admission_replay") as mod:
         def run(gamma):
             out = mod.main([str(records), "--tiny", "--budget", "2", "--cap", "8", "--draft-ms", "10",

@@ -3,14 +3,11 @@ import json
 
 import pytest
 
-from conftest import benchmark_script
+from conftest import benchmark_script, tiny_records
 
 
 def test_calibration_replay_compares_ddtree_with_the_calibrated_trees(tmp_path):
-    records = tmp_path / "records.pt"
-    with benchmark_script("tree_shapes") as shapes:
-        shapes.main(["--tiny", "--max-new-tokens", "24", "--budgets", "4", "--redrafts", "1", "--threads", "1",
-                     "--save-records", str(records)])
+    records = tiny_records(tmp_path / "records.pt", "4")
     with benchmark_script("calibration_replay") as mod:
         out = mod.main(["--records", str(records), "--fit", str(records), "--budgets", "1,4",
                         "--json", str(tmp_path / "c.json")])
