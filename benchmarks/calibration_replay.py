@@ -55,20 +55,21 @@ def truth_nodes(tree, truth: Sequence[int]) -> set[int]:
 
 def run(records: list, v: int, weight: float | None, cal: NodeCalibration | None = None) -> list[int]:
     """Accepted tokens per block at budget v: a fixed weight, or (weight None) `cal`'s as the engine runs it:
-    the fitted weight where `uses(v)`, the tree with the other weight measuring what it wins."""
+    the fitted weight where its FlipGains allows it at v, the tree with the other weight measuring what it wins
+    on the blocks the engine would measure it (FlipGains.measures)."""
     out = []
     for r in records:
         fitted = cal.weight() if weight is None else weight
-        weighs = weight is not None or (fitted != 1.0 and cal.uses(v))
+        weighs = weight is not None or (fitted != 1.0 and cal.flips.allows(v))
         bf = block_tree(r, v, fitted if weighs else 1.0)
         got = accept(bf.tree, r.truth, r.complete)[0]
         out.append(got)
         if cal is not None:
             on = truth_nodes(bf.tree, r.truth)
             cal.observe(bf.ranks, bf.logq, bf.tree.parents, on)
-            if weight is None and fitted != 1.0:
+            if weight is None and fitted != 1.0 and cal.flips.measures(v):
                 alt = block_tree(r, v, 1.0 if weighs else fitted).tree
-                cal.observe_gain(v, weighs, got, len(path_nodes(alt, r.truth[: got + 1])))
+                cal.flips.observe(v, weighs, got, len(path_nodes(alt, r.truth[: got + 1])))
     return out
 
 

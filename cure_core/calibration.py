@@ -24,7 +24,7 @@ Whether the fitted weight is used at all is measured, per budget, as the lookup 
 the engine also builds the block's tree with the other weight (1 where the fit is used, the fit where 1 is)
 wherever that tree is exactly what the block would otherwise have verified (no re-draft pass ran), and the
 target's greedy path walked down it says what it would have accepted. The fit is withheld at a budget while the
-last `gain_window` such gains there average below 0 (after `gain_min`); withheld blocks go on measuring.
+recent such gains there average below 0 (FlipGains); withheld blocks go on measuring.
 """
 from __future__ import annotations
 
@@ -38,6 +38,43 @@ TOP1, LOWER = 0, 1          # node kinds: a table's best candidate, any other (a
 
 
 @dataclass
+class FlipGains:
+    """Per budget, what one choice in best-first cure's tree (the lookup graft, lookup.py; the node weight, this
+    module) wins in accepted tokens, measured at T=0 on the tree with the choice flipped (flip_gain).
+    Rule: the choice is taken at budget v while the last `window` gains there average >= 0 (a choice that
+    changes nothing costs only host work), once `min_samples` blocks there measured it. Before that, v follows
+    every budget's gains pooled (the same rule over all of them), and with fewer than `min_samples` of those
+    the choice is taken: a budget's first blocks do not each learn again what the others know (the budget
+    tuner visits several). Blocks without the choice go on measuring, so a
+    choice that starts to win comes back. Once v holds `window` gains, only every
+    `every`-th block there builds the flipped tree (`measures`): that tree is a second best-first walk in
+    Python on every block, and a full window turns only after several blocks' gains change sign anyway."""
+    window: int = 32               # blocks per budget the mean gain is over
+    min_samples: int = 8           # blocks at a budget before the choice may be withheld there
+    every: int = 4                 # once a budget's window is full, the flipped tree is built on every 4th block
+    gains: dict[int, deque] = field(default_factory=dict, repr=False, compare=False)   # budget -> recent gains
+    _asked: dict[int, int] = field(default_factory=dict, repr=False, compare=False)    # budget -> blocks asked
+
+    def allows(self, v: int) -> bool:
+        """Whether trees of budget v take the choice (the rule)."""
+        seen = self.gains.get(v, ())
+        if len(seen) >= self.min_samples:
+            return sum(seen) >= 0
+        pooled = [g for gains in self.gains.values() for g in gains]
+        return len(pooled) < self.min_samples or sum(pooled) >= 0
+
+    def measures(self, v: int) -> bool:
+        """Whether this block of budget v builds the flipped tree (one call per block that could)."""
+        n = self._asked[v] = self._asked.get(v, 0) + 1
+        return len(self.gains.get(v, ())) < self.window or n % self.every == 0
+
+    def observe(self, v: int, used: bool, accepted: int, alt_held: int) -> None:
+        """A block of budget v verified at T=0 accepted `accepted` nodes with the choice taken (`used`) or not;
+        the tree with it flipped holds `alt_held` tokens of the target's greedy path (accepted + bonus)."""
+        self.gains.setdefault(v, deque(maxlen=self.window)).append(flip_gain(used, accepted, alt_held))
+
+
+@dataclass
 class NodeCalibration:
     """Per node kind, the recent (log q, accepted) of nodes the target could have accepted, and the weight of
     a lower candidate's log q in best-first scores (the module's rule)."""
@@ -46,10 +83,9 @@ class NodeCalibration:
     refit_every: int = 8          # blocks between fits (a fit is a 49-point grid over <= window nodes)
     lo: float = 0.25              # the weight is clamped to [lo, hi]: one kind's fit at its grid's edge
     hi: float = 4.0               # cannot swing the tree to all width or all depth
-    gain_window: int = 32         # blocks per budget the mean gain of the fit is over...
-    gain_min: int = 8             # ...and blocks at a budget before the fit may be withheld there
+    # per budget, whether the fitted weight is used: what it won against the tree with the other weight
+    flips: FlipGains = field(default_factory=FlipGains, repr=False)
     blocks: int = field(default=0, init=False)                          # blocks observed
-    gains: dict[int, deque] = field(default_factory=dict, init=False, repr=False)   # budget -> recent gains
     gammas: tuple[float, float] | None = field(default=None, init=False)  # the last fit (top-1, lower)
     _weight: float = field(default=1.0, init=False, repr=False)
     seen: tuple[deque, deque] = field(init=False, repr=False)            # per kind: (log q, accepted)
@@ -60,18 +96,6 @@ class NodeCalibration:
     def weight(self) -> float:
         """The fitted weight of a lower candidate's log q relative to a top-1's (1 until both kinds are fitted)."""
         return self._weight
-
-    def uses(self, v: int) -> bool:
-        """Whether trees of budget v take the fitted weight: until `gain_min` blocks at v measured it, then
-        while their mean gain is >= 0."""
-        seen = self.gains.get(v, ())
-        return len(seen) < self.gain_min or sum(seen) >= 0
-
-    def observe_gain(self, v: int, used: bool, accepted: int, alt_held: int) -> None:
-        """A block of budget v verified at T=0 accepted `accepted` nodes with the fitted weight (`used`) or
-        without; the tree with the other holds `alt_held` tokens of the target's greedy path (accepted + bonus).
-        The gain of the fit in accepted tokens, as LookupStats.observe_gain."""
-        self.gains.setdefault(v, deque(maxlen=self.gain_window)).append(flip_gain(used, accepted, alt_held))
 
     def observe(self, ranks: Sequence[int], logq: Sequence[float], parents: Sequence[int], accepted: set[int]) -> None:
         """One block verified at T=0: per tree node its rank in its table (-1: not from a table, e.g. a lookup

@@ -293,17 +293,19 @@ class Engine:
                 redraft = tuner.redraft_pays(budget)
             else:
                 redraft = True
-            # the lookup graft goes in while it wins acceptance at this budget (LookupStats.grafts); at T=0
-            # the tree with it flipped is built too, so every block measures it
-            graft_on = lookup is None or lookup.grafts(budget)
+            # the lookup graft goes in while it wins acceptance at this budget (calibration.FlipGains); at T=0
+            # the tree with it flipped is built too (FlipGains.measures: every block, then every few), to measure it
+            graft_on = lookup is None or lookup.flips.allows(budget)
             # best-first cure scores a lower candidate's log-prob at the weight its acceptance earned, at budgets
-            # where that wins (calibration.py); at T=0 the tree with the other weight is built too, to measure it
+            # where that wins (calibration.py); at T=0 the tree with the other weight is measured the same way
             fitted = calibration.weight() if calibration is not None else 1.0
-            weighs = fitted != 1.0 and calibration.uses(budget)
+            weighs = fitted != 1.0 and calibration.flips.allows(budget)
+            greedy = cfg.temperature == 0
             plan = build_tree(block_cfg, proposal, drafter, graft, redraft, graft_on,
-                              flip=graft is not None and cfg.temperature == 0, admit=admit,
+                              flip=graft is not None and greedy and lookup.flips.measures(budget), admit=admit,
                               weight=fitted if weighs else 1.0,
-                              weight_alt=(1.0 if weighs else fitted) if fitted != 1.0 and cfg.temperature == 0 else None)
+                              weight_alt=(1.0 if weighs else fitted)
+                              if fitted != 1.0 and greedy and calibration.flips.measures(budget) else None)
             tree = plan.tree
             t_tree_end = now()
 
@@ -331,21 +333,22 @@ class Engine:
                 hidden = fwd.hidden[[0] + [i + 1 for i in resync_nodes]] if fwd.hidden is not None else None
                 drafter.advance([root] + resync_tokens, hidden)
                 state.drafter_ids += [root] + resync_tokens
-            t_commit = now()
-
             # the target's path from the root: accepted tokens + bonus (at T=0 its greedy continuation, which
             # any other tree for this block would have accepted as far as it holds it)
             walked = [tree.tokens[i] for i in path] + [bonus]
             emitted, stop = _cut(walked, cfg.max_new_tokens - new, len(prompt) + new, limit, eos)
             accepted = set(path)
+            # what best-first cure learns from the block (its node weight, its lookup graft) is its own
+            # host work: it is timed in the commit phase, which ends here
             if calibration is not None and cfg.temperature == 0 and plan.ranks:
                 calibration.observe(plan.ranks, plan.logq, tree.parents, accepted)
                 if plan.weight_alt is not None:          # what the fitted weight won or lost this block
-                    calibration.observe_gain(budget, weighs, len(path), len(path_nodes(plan.weight_alt, walked)))
+                    calibration.flips.observe(budget, weighs, len(path), len(path_nodes(plan.weight_alt, walked)))
             if lookup is not None and plan.lookup_nodes:
                 lookup.observe(plan.lookup_nodes, accepted)
             if plan.lookup_alt is not None:                # T=0: what the graft won or lost this block
-                lookup.observe_gain(budget, plan.grafted, len(path), len(path_nodes(plan.lookup_alt, walked)))
+                lookup.flips.observe(budget, plan.grafted, len(path), len(path_nodes(plan.lookup_alt, walked)))
+            t_commit = now()
             nodes = tuple(TreeNode(token=tree.tokens[i], parent=tree.parents[i], depth=tree.depths[i],
                                    branch=tree.branches[i], accepted=i in accepted) for i in range(len(tree)))
             winner = tree.branches[path[-1]] if path else 0
@@ -394,7 +397,7 @@ class Engine:
         meta = {} if tuner is None else {"v_max": budget, "predicted_speedup": tuner.last_prediction,
                                          "tuning": tuner.last_phase}
         if withheld:
-            meta["lookup"] = "withheld"                  # LookupStats.grafts: the graft lost acceptance here
+            meta["lookup"] = "withheld"                  # LookupStats.flips: the graft lost acceptance here
         if tuner is None:
             if not redraft:
                 meta["redraft"] = "skipped"              # a fixed budget's RedraftPrice: it would not pay

@@ -8,7 +8,7 @@ tokens that followed it. In best-first cure that path joins the heap beside the 
 accepted so far (LookupStats), so they compete with the drafter's nodes for the budget instead of
 taking it. Verification is the same tree pass, so output stays lossless.
 
-Whether the graft goes in at all is measured, per budget (LookupStats.grafts): a grafted node takes the
+Whether the graft goes in at all is measured, per budget (LookupStats.flips): a grafted node takes the
 place of a drafter node, and where the drafter is the better guess the graft costs acceptance. On the
 1.5B pair's PARD drafter at its 4-node trees it did on every set (accepted tokens a block 1.735 against
 1.747 without it on HumanEval, 1.689 / 1.712 on GSM8K, 0.951 / 0.969 on chat;
@@ -20,13 +20,12 @@ it, grafted or not, and no probe is needed.
 from __future__ import annotations
 
 import math
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
 
-from .calibration import flip_gain
+from .calibration import FlipGains
 
 
 @dataclass(frozen=True)
@@ -89,28 +88,12 @@ class LookupStats:
     """Acceptance of lookup tokens by depth along their path: tried (its parent was accepted) and
     accepted. Rule: the score of the i-th lookup token is log P(accepted | parent accepted), estimated
     with one prior success and one prior failure (so an unseen depth scores log 1/2), kept over one
-    engine's generations like the budget tuner. Whether to graft at all: `grafts`."""
+    engine's generations like the budget tuner. Whether to graft at all: `flips`."""
     tried: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
     _path: list[float] = field(default_factory=list, repr=False, compare=False)   # path_logp's, until observe
-    # per budget, the last `window` blocks' gain of the graft in accepted tokens (`observe_gain`)
-    gains: dict[int, deque] = field(default_factory=dict, repr=False, compare=False)
-    window: int = 32               # blocks per budget the mean gain is over
-    min_samples: int = 8           # blocks at a budget before its graft may be withheld
-
-    def grafts(self, v: int) -> bool:
-        """Whether the graft goes into a tree of budget v. Rule: yes until `min_samples` blocks at v have
-        measured it; then while their mean gain is >= 0 (a graft that changes nothing costs only host work).
-        Withheld blocks keep measuring (the flipped tree), so a graft that starts to win comes back."""
-        seen = self.gains.get(v, ())
-        return len(seen) < self.min_samples or sum(seen) >= 0
-
-    def observe_gain(self, v: int, grafted: bool, accepted: int, alt_held: int) -> None:
-        """A block of budget v verified at T=0 accepted `accepted` nodes; the tree with the graft flipped
-        holds `alt_held` tokens of the target's greedy path (accepted + bonus), so it would have accepted
-        exactly that many, or more where it holds all accepted + 1 (then the gain is counted as 1 token,
-        the least it is). gain = accepted with the graft - accepted without it."""
-        self.gains.setdefault(v, deque(maxlen=self.window)).append(flip_gain(grafted, accepted, alt_held))
+    # per budget, whether the graft goes in: what it won against the tree without it (calibration.FlipGains)
+    flips: FlipGains = field(default_factory=FlipGains, repr=False, compare=False)
 
     def logp(self, depth: int) -> float:
         """log-prob of the lookup token at path depth `depth` (1-based) given its parent was accepted."""

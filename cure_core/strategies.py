@@ -40,14 +40,14 @@ class TreePlan:
                                         # as the tree holds the path (lookup.LookupStats learns from them)
     unrepaired: DraftTree | None = None  # cure best-first after a re-draft pass: the tree before it (what the
                                          # block would have verified without the pass: redraft_price.py)
-    grafted: bool = False                # the lookup graft went into the heap (LookupStats.grafts)
+    grafted: bool = False                # the lookup graft went into the heap (LookupStats.flips)
     ranks: tuple[int, ...] = ()          # best-first cure: per node its rank in its table (-1: grafted)...
     logq: tuple[float, ...] = ()         # ...and its own draft log-prob (calibration.NodeCalibration learns them)
     weight_alt: DraftTree | None = None  # best-first cure: the tree with the other node weight, where it is exactly
-                                         # what the block would have verified otherwise (NodeCalibration.observe_gain)
+                                         # what the block would have verified otherwise (NodeCalibration.flips)
     lookup_alt: DraftTree | None = None  # the tree with the graft flipped (without it where grafted, with it where
                                          # withheld), where it is exactly what the block would have verified
-                                         # otherwise (no re-draft pass ran): what LookupStats.observe_gain learns from
+                                         # otherwise (no re-draft pass ran): what LookupStats.flips learns from
 
 
 def best_first_tree(cfg: DecodeConfig) -> bool:
@@ -139,7 +139,7 @@ def build_tree(cfg: DecodeConfig, proposal: Proposal | None, drafter: Drafter | 
                weight_alt: float | None = None) -> TreePlan:
     """The block's tree. `redraft=False`: best-first cure skips its re-draft pass (the tuner's
     `redraft_pays` or a fixed budget's RedraftPrice), so the tree is ddtree's (with the lookup graft).
-    `graft_on=False`: the lookup continuation `graft` stays out of the heap (LookupStats.grafts);
+    `graft_on=False`: the lookup continuation `graft` stays out of the heap (LookupStats.flips);
     `flip`: also build the tree with it flipped (TreePlan.lookup_alt), to measure what it wins.
     `admit`: best-first cure's nodes past the budget (best_first; BudgetTuner.admission), in every tree it
     builds, so what the re-draft pass and the graft win is measured between trees of the same rule.
@@ -390,6 +390,13 @@ def build_cure_best_first(cfg: DecodeConfig, proposal: Proposal, drafter: Drafte
     base = Table.of(proposal)
     # a proposal carrying re-drafts was drafted with them (a stopped chain may hold them under any budget)
     fused = policy.count if proposal.redrafts else redrafts_while_drafting(cfg, drafter, n)
+
+    def flipped(graft_: Graft | None, weight_: float, under: dict | None = None) -> DraftTree | None:
+        """The block's tree with one choice flipped (the graft, or the node weight), where it is exactly the
+        tree the block would otherwise have verified: with a chain's own re-drafts `under` (they do not depend
+        on the tree), or with no pass where that tree would not have re-drafted either (None: no measurement)."""
+        bf = best_first(base, cfg.v_max, under, graft_, admit, weight_)
+        return None if under is None and redraft and substitutions(bf, n, policy.count) else bf.tree
     if fused and proposal.redrafts:
         # A causal chain drafter chose its substitutions as it drafted (chain_substitutions, best first)
         # and re-drafted them in the chain's steps.
@@ -401,18 +408,10 @@ def build_cure_best_first(cfg: DecodeConfig, proposal: Proposal, drafter: Drafte
         first = best_first(base, cfg.v_max, graft=graft, admit=admit, weight=weight)
         prefixes = [list(first.paths[i]) for i in substitutions(first, n, policy.count)] if redraft else []
         if not prefixes:
-            alt = None
-            if flip:                                    # exact unless the flipped tree would have re-drafted
-                other_bf = best_first(base, cfg.v_max, graft=other, admit=admit, weight=weight)
-                if not redraft or not substitutions(other_bf, n, policy.count):
-                    alt = other_bf.tree
-            walt = None
-            if weight_alt is not None:                  # exact unless that tree would have re-drafted
-                alt_bf = best_first(base, cfg.v_max, graft=graft, admit=admit, weight=weight_alt)
-                if not redraft or not substitutions(alt_bf, n, policy.count):
-                    walt = alt_bf.tree
             return TreePlan(first.tree, lookup_nodes=graft_nodes(first.tree, graft), grafted=graft is not None,
-                            lookup_alt=alt, ranks=tuple(first.ranks), logq=tuple(first.logq), weight_alt=walt)
+                            lookup_alt=flipped(other, weight) if flip else None,
+                            ranks=tuple(first.ranks), logq=tuple(first.logq),
+                            weight_alt=flipped(graft, weight_alt) if weight_alt is not None else None)
     t0 = time.perf_counter()
     if fused and proposal.redrafts:
         redrafted = [proposal.redrafts[tuple(p)] for p in prefixes]
@@ -435,12 +434,11 @@ def build_cure_best_first(cfg: DecodeConfig, proposal: Proposal, drafter: Drafte
     margins = proposal.margins if by_pos else []
     ufps = tuple(UFP(position=pos, margin=margins[pos], budget=len(alts), alternatives=tuple(alts))
                  for pos, alts in sorted(by_pos.items()))
-    alt = best_first(base, cfg.v_max, under, other, admit, weight).tree if flip and fused else None
-    # a chain's own re-drafts do not depend on the tree: the other weight's tree is exact there too
-    walt = best_first(base, cfg.v_max, under, graft, admit, weight_alt).tree if weight_alt is not None and fused else None
     return TreePlan(final.tree, ufps, redraft_ms=redraft_ms, lookup_nodes=graft_nodes(final.tree, graft),
-                    unrepaired=None if fused else first.tree, grafted=graft is not None, lookup_alt=alt,
-                    ranks=tuple(final.ranks), logq=tuple(final.logq), weight_alt=walt)
+                    unrepaired=None if fused else first.tree, grafted=graft is not None,
+                    lookup_alt=flipped(other, weight, under) if flip and fused else None,
+                    ranks=tuple(final.ranks), logq=tuple(final.logq),
+                    weight_alt=flipped(graft, weight_alt, under) if weight_alt is not None and fused else None)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from cure_core.calibration import NodeCalibration
+from cure_core.calibration import FlipGains, NodeCalibration
 from cure_core.config import DecodeConfig
 from cure_core.engine import Engine
 from cure_core.strategies import Table, best_first
@@ -56,18 +56,54 @@ def test_the_weight_is_clamped():
     assert cal.weight() == 0.5
 
 
-def test_the_fit_is_withheld_at_a_budget_where_it_loses():
-    """Like the lookup graft: used until 8 blocks at a budget measured it, then while their mean gain is >= 0;
-    a gain is measured against the tree with the weight flipped, in either direction."""
-    cal = NodeCalibration()
+def test_a_choice_is_withheld_where_it_loses_and_back_where_it_wins():
+    """FlipGains, the gate of the lookup graft and the node weight: a choice is taken until 8 blocks at a budget
+    measured it, then while their mean gain is >= 0; a gain is measured against the tree with it flipped, in
+    either direction, and censored at +-1 where the flipped tree holds the whole greedy path."""
+    f = FlipGains()
+    assert f.allows(4)                                   # nothing measured: taken
     for _ in range(7):
-        cal.observe_gain(4, used=True, accepted=1, alt_held=2)          # the tree at weight 1 did one better
-    assert cal.uses(4)
-    cal.observe_gain(4, used=True, accepted=1, alt_held=2)
-    assert not cal.uses(4) and cal.uses(8)                              # per budget
-    for _ in range(9):
-        cal.observe_gain(4, used=False, accepted=1, alt_held=2)         # withheld, the fit would have won one
-    assert cal.uses(4) and list(cal.gains[4])[-1] == 1
+        f.observe(16, used=True, accepted=1, alt_held=2)
+    assert f.allows(4)                                   # 7 gains in the pool: not yet a decision
+    f.gains.clear()
+    for _ in range(7):
+        f.observe(4, used=True, accepted=1, alt_held=2)  # the tree without it held one more
+    assert f.gains[4][-1] == -1 and f.allows(4)          # 7 < min_samples: still taken
+    f.observe(4, used=True, accepted=1, alt_held=2)
+    assert not f.allows(4) and not f.allows(8)           # withheld at 4, and at 8, which has no gains: the pool's
+    for _ in range(8):
+        f.observe(8, used=False, accepted=1, alt_held=1)
+    assert f.allows(8) and not f.allows(4)               # 8 measured its own (gain 0): each budget is its own
+    for _ in range(8):                                   # withheld blocks keep measuring: the flipped tree
+        f.observe(4, used=False, accepted=0, alt_held=1)  # (with it) would have accepted more
+    assert list(f.gains[4])[-8:] == [1] * 8 and f.allows(4)        # mean 0 over the 16: taken again
+    f.observe(9, used=True, accepted=3, alt_held=1)      # exact where the flipped tree holds fewer
+    f.observe(9, used=False, accepted=3, alt_held=1)
+    assert list(f.gains[9]) == [2, -2]
+    for _ in range(40):
+        f.observe(2, used=True, accepted=0, alt_held=0)
+    assert len(f.gains[2]) == f.window and f.allows(2)   # a window; a choice that changes nothing stays
+
+
+def test_a_full_window_is_measured_on_every_few_blocks():
+    f = FlipGains(window=4, every=3)
+    asked = []
+    for _ in range(13):
+        m = f.measures(5)
+        asked.append(m)
+        if m:
+            f.observe(5, used=True, accepted=1, alt_held=1)
+    assert asked[:4] == [True] * 4                       # until the window is full: every block
+    assert asked[4:] == [(n % 3 == 0) for n in range(5, 14)]   # then every 3rd block asked at that budget
+    assert f.measures(6)                                 # per budget
+
+
+def test_the_engine_gates_the_fitted_weight_per_budget():
+    """NodeCalibration owns a FlipGains: the fit is withheld where it lost, and measured either way."""
+    cal = NodeCalibration()
+    for _ in range(8):
+        cal.flips.observe(4, used=True, accepted=1, alt_held=2)
+    assert not cal.flips.allows(4)
 
 
 def test_a_lower_weight_spends_the_budget_on_substitutions():
@@ -100,7 +136,7 @@ def test_engine_learns_the_weight_at_t0_and_stays_lossless(target, drafts):
         out = [t for b in engine.generate(p, cfg) for t in b.emitted]
         assert out == ref
     assert cal.blocks > 0 and cal.gammas is not None and cal.weight() != 1.0
-    assert sum(len(g) for g in cal.gains.values()) > 0                  # the tree with the other weight measured it
+    assert sum(len(g) for g in cal.flips.gains.values()) > 0                  # the tree with the other weight measured it
     hot = cfg.with_(temperature=0.8, seed=3)                 # T>0: uses the weight, learns nothing
     seen = cal.blocks
     list(engine.generate(prompts[0], hot))

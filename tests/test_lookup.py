@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from cure_core.config import ConfigError, DecodeConfig
 from cure_core.drafters.base import Proposal
 from cure_core.engine import Engine, generate_ids
+from cure_core.calibration import FlipGains
 from cure_core.lookup import Graft, LookupStats, NgramIndex, continuation
 from cure_core.options import EngineArgs
 from cure_core.strategies import Table, best_first, build_cure_best_first, graft_nodes
@@ -129,26 +130,6 @@ def test_branch_numbers_stay_valid_trace_records():
     assert all(0 <= b <= i + 1 for i, b in enumerate(bf.tree.branches))
 
 
-def test_the_graft_is_withheld_where_it_loses_and_back_where_it_wins():
-    s = LookupStats()
-    assert s.grafts(4)                                   # nothing measured: graft
-    for _ in range(7):
-        s.observe_gain(4, grafted=True, accepted=1, alt_held=2)     # the tree without it held one more
-    assert s.gains[4][-1] == -1 and s.grafts(4)          # 7 < min_samples: still grafts
-    s.observe_gain(4, grafted=True, accepted=1, alt_held=2)
-    assert not s.grafts(4) and s.grafts(8)               # withheld at 4 only: each budget is its own
-    # withheld blocks keep measuring: the flipped tree (with the graft) would have accepted more
-    for _ in range(8):
-        s.observe_gain(4, grafted=False, accepted=0, alt_held=1)    # alt holds accepted + 1: >= +1
-    assert list(s.gains[4])[-8:] == [1] * 8 and s.grafts(4)         # mean 0 over the 16: grafts again
-    s.observe_gain(8, grafted=True, accepted=3, alt_held=1)         # exact where alt holds fewer
-    s.observe_gain(8, grafted=False, accepted=3, alt_held=1)
-    assert list(s.gains[8]) == [2, -2]
-    for _ in range(40):
-        s.observe_gain(2, grafted=True, accepted=0, alt_held=0)
-    assert len(s.gains[2]) == s.window and s.grafts(2)   # a window; a graft that changes nothing stays
-
-
 PROMPTS = [list(b"abc def abc def abc def abc"), list(b"x = a(b); y = a(b); z = a("),
            list(b"ab ab ab ab ab ab"), list(b"(x)(y)(x)(y)(x)("), list(b"if a: b\nif a: b\nif a:")]
 
@@ -164,10 +145,10 @@ def test_the_measured_gain_is_what_the_flipped_tree_accepts(target, drafts, monk
         for prompt in PROMPTS:
             runs = {}
             for forced in (True, False):
-                monkeypatch.setattr(LookupStats, "grafts", lambda self, v, forced=forced: forced)
+                monkeypatch.setattr(FlipGains, "allows", lambda self, v, forced=forced: forced)
                 engine = Engine(pair, cfg)
                 first = next(iter(engine.generate(prompt)))
-                gains = next(iter(engine._lookups.values())).gains.get(v_max)
+                gains = next(iter(engine._lookups.values())).flips.gains.get(v_max)
                 runs[forced] = (len(first.accepted), gains[0] if gains else None, first.meta.get("lookup"))
             (a, rec_on, meta_on), (b, rec_off, meta_off) = runs[True], runs[False]
             assert meta_on is None
@@ -189,10 +170,10 @@ def test_the_engine_withholds_a_losing_graft_and_stays_lossless(target, drafts):
     for gain, withheld in ((-1, True), (1, False)):                 # and the control: a graft that wins
         engine = Engine(pair, cfg)
         list(engine.generate(prompt[:5]))                           # creates the engine's stats
-        stats = next(iter(engine._lookups.values()))
-        stats.gains.clear()
-        for _ in range(stats.min_samples):
-            stats.observe_gain(5, grafted=True, accepted=1, alt_held=1 - gain)
+        flips = next(iter(engine._lookups.values())).flips
+        flips.gains.clear()
+        for _ in range(flips.min_samples):
+            flips.observe(5, used=True, accepted=1, alt_held=1 - gain)
         blocks = list(engine.generate(prompt))
         assert [t for b in blocks for t in b.emitted] == ar
         marked = [b for b in blocks if b.meta.get("lookup") == "withheld"]

@@ -829,9 +829,10 @@ def test_budget_tuner_skips_a_redraft_pass_that_does_not_pay():
     """Blocks accept 2 tokens (+1 bonus) in 100 + 20 + 5 V ms, about 0.022 tokens/ms at budget 4. A 30 ms
     re-draft pass pays only if it wins more than ~0.66 tokens: after 8 passes that won 0.375 on average it runs
     again after 8 blocks (the probe that keeps its gain measured), and each probe that changes nothing doubles
-    the interval up to 64 (control: a probe that wins 2 tokens by itself brings it back to 8); after passes
+    the interval up to 256 (control: a probe that wins 2 tokens by itself brings it back to 8); after passes
     that win a token each, on every block. Before 8 passes at a budget, while its gain could still beat the
-    price (three passes that won nothing cannot: skipped at once); budgets without samples are untouched."""
+    price (three passes that won nothing cannot: skipped at once); a budget with fewer than 3 passes of its
+    own follows every budget's passes pooled, and runs where there are none."""
     from cure_core.budget import BudgetTuner, CostCurve
 
     t = BudgetTuner(CostCurve((0, 16), (100.0, 180.0)), [0, 4, 8])
@@ -841,20 +842,24 @@ def test_budget_tuner_skips_a_redraft_pass_that_does_not_pay():
         t.observe_redraft(4, g, 30.0)
         assert t.redraft_pays(4)                                      # fewer than 8 and the bound beats 0.66: run
     t.observe_redraft(4, 0, 30.0)                                     # 8 passes, mean 0.375 < 0.66
-    runs = [t.redraft_pays(4) for _ in range(8 + 16 + 32 + 64 + 64)]
+    runs = [t.redraft_pays(4) for _ in range(8 + 16 + 32 + 64 + 128 + 256 + 256)]
     probes = [i + 1 for i, run in enumerate(runs) if run]
-    assert probes == [8, 24, 56, 120, 184]                            # skipped; probes after 8, 16, 32, 64, 64
+    assert probes == [8, 24, 56, 120, 248, 504, 760]                  # skipped; probes after 8, 16, ..., 256, 256
     t.observe_redraft(4, 2, 30.0)                                     # the last probe won 2 tokens > 0.66
     assert [t.redraft_pays(4) for _ in range(8)] == [False] * 7 + [True]   # back to one in 8
     t.observe_redraft(4, 0, 30.0)                                     # that probe won nothing: 16 next
     assert [t.redraft_pays(4) for _ in range(16)] == [False] * 15 + [True]
-    assert t.redraft_pays(8)                                          # no sample at 8
+    assert t.redraft_pays(8)                                          # no pass and no rate at 8: run it
+    for _ in range(10):
+        t.observe(tuner_block([0, 1], 8, draft_ms=20.0), 8)
+    assert [t.redraft_pays(8) for _ in range(8)] == [False] * 7 + [True]   # rated: 4's passes decide; a probe
     for _ in range(32):
         t.observe_redraft(4, 1, 30.0)                                 # each pass now wins a token
     assert all(t.redraft_pays(4) for _ in range(16))
     fresh = BudgetTuner(CostCurve((0, 16), (100.0, 180.0)), [0, 4, 8])
     for _ in range(10):
         fresh.observe(tuner_block([0, 1], 4, draft_ms=20.0), 4)
+    assert fresh.redraft_pays(8)                                      # no pass anywhere: it runs, to be priced
     for _ in range(3):
         fresh.observe_redraft(4, 0, 30.0)
     assert not fresh.redraft_pays(4)                                  # nothing in 3: the bound cannot reach 0.66
