@@ -144,3 +144,25 @@ def test_engine_learns_the_weight_at_t0_and_stays_lossless(target, drafts):
     for off in (cfg.with_(calibrate=False), DecodeConfig(strategy="ddtree", **conf)):
         list(engine.generate(prompts[0], off))
     assert list(engine._calibrations) == [engine.tuner_key(cfg)]          # ddtree and calibrate=False: none
+
+
+def test_what_cure_learns_from_a_block_is_timed_in_its_commit_phase(target, drafts, monkeypatch):
+    """The node calibration's learning is cure's own host work: a block's commit phase covers it (so decode
+    time, the rates bench and peers report, does too). Control: with calibrate=False nothing sleeps there."""
+    import time
+
+    slept = []
+    observe = NodeCalibration.observe
+
+    def slow(self, *args):
+        slept.append(1)
+        time.sleep(0.03)
+        return observe(self, *args)
+    monkeypatch.setattr(NodeCalibration, "observe", slow)
+    pair = make_pair(target, drafts["mild"])
+    cfg = DecodeConfig(strategy="cure", k=6, v_max=5, max_new_tokens=12)
+    blocks = list(Engine(pair).generate(list(b"def f(x):\n    "), cfg))
+    trees = [b for b in blocks if b.nodes]                  # a block with no tree (no room left) learns nothing
+    assert len(trees) >= 3 and len(slept) == len(trees) and all(b.timings.commit_ms >= 30.0 for b in trees)
+    off = list(Engine(pair).generate(list(b"def f(x):\n    "), cfg.with_(calibrate=False)))
+    assert len(slept) == len(trees) and all(b.timings.commit_ms < 30.0 for b in off)
