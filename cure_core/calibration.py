@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from .budget import fit_calibration
+from .redraft_price import own_or_pooled
 
 TOP1, LOWER = 0, 1          # node kinds: a table's best candidate, any other (a substitution)
 
@@ -57,11 +58,8 @@ class FlipGains:
 
     def allows(self, v: int) -> bool:
         """Whether trees of budget v take the choice (the rule)."""
-        seen = self.gains.get(v, ())
-        if len(seen) >= self.min_samples:
-            return sum(seen) >= 0
-        pooled = [g for gains in self.gains.values() for g in gains]
-        return len(pooled) < self.min_samples or sum(pooled) >= 0
+        basis = own_or_pooled(self.gains, v, self.min_samples)
+        return len(basis) < self.min_samples or sum(basis) >= 0
 
     def measures(self, v: int) -> bool:
         """Whether this block of budget v builds the flipped tree (one call per block that could)."""

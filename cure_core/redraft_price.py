@@ -35,7 +35,17 @@ import math
 import statistics
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence, TypeVar
+
+T = TypeVar("T")
+
+
+def own_or_pooled(by_budget: dict[int, Sequence[T]], v: int, least: int) -> Sequence[T]:
+    """Budget v's own evidence where it holds `least` items, else every budget's pooled. Rule, shared by the
+    re-draft pass's price (RedraftPrice.pays) and the tree choices' gates (calibration.FlipGains): each budget
+    the tuner moves to does not learn again what the others already showed."""
+    own = by_budget.get(v, ())
+    return own if len(own) >= least else [x for got in by_budget.values() for x in got]
 
 
 @dataclass(frozen=True)
@@ -67,7 +77,7 @@ class RedraftPrice:
         """Whether the pass runs at budget v; `rate()`: tokens per ms at v (called only once v, or the pool, has
         `early` samples)."""
         seen = self.samples.get(v, [])
-        basis = seen if len(seen) >= self.early else [s for got in self.samples.values() for s in got]
+        basis = own_or_pooled(self.samples, v, self.early)
         r = rate() if len(basis) >= self.early else None
         if r is None or self._runs(basis, r):
             self.skips[v] = 0

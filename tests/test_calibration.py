@@ -98,8 +98,8 @@ def test_a_full_window_is_measured_on_every_few_blocks():
     assert f.measures(6)                                 # per budget
 
 
-def test_the_engine_gates_the_fitted_weight_per_budget():
-    """NodeCalibration owns a FlipGains: the fit is withheld where it lost, and measured either way."""
+def test_node_calibration_gates_its_fitted_weight_with_a_flip_gains():
+    """NodeCalibration owns a FlipGains: the fit is withheld where it lost."""
     cal = NodeCalibration()
     for _ in range(8):
         cal.flips.observe(4, used=True, accepted=1, alt_held=2)
