@@ -46,7 +46,12 @@ from .lm import CachedLM, padded_size
 from .progress import phase
 from .redraft_price import RedraftPrice
 
-SIZES = (0, 1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+# Tree sizes the cost curve is measured at (and the tuner's candidate budgets, engine._make_tuner). Rule: every
+# size up to 8, since CPU matmul kernels step at small row counts: oneDNN's float32 kernels on this AVX2 box
+# run 1-6 rows at one price and 7 at +30% (benchmarks/results/cost_steps_cpu), so root + 5 nodes verify in
+# a 4-node tree's time. Measured at 4 and 8 only, the curve put 5 nodes a quarter of the way up that step
+# and no budget between 4 and 7 was a candidate: the tuner settled on 4 where 5 was free.
+SIZES = (0, 1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 
 
 @dataclass(frozen=True)
@@ -93,15 +98,16 @@ def measure_cost_curve(model, max_size: int = 64, ctx_len: int = 128, repeats: i
     not): on a GPU, compiled forwards replay CUDA graphs at a quarter of the eager time, and the
     eager curve is launch-bound noise (benchmarks/results, gpu_h200)."""
     key = _model_key(model, ctx_len, kv, compile)
+    sizes = tuple(s for s in SIZES if s <= max_size) + ((max_size,) if max_size not in SIZES else ())
     path = _cache_file()
     if use_disk_cache and path.exists():
         try:
             saved = json.loads(path.read_text()).get(key)
-            if saved and max(saved["sizes"]) >= max_size:
+            # a curve cached before SIZES grew lacks sizes it would interpolate: measured again
+            if saved and max(saved["sizes"]) >= max_size and set(sizes) <= set(saved["sizes"]):
                 return CostCurve(tuple(saved["sizes"]), tuple(saved["verify_ms"]), key)
         except (OSError, ValueError, KeyError):
             pass
-    sizes = tuple(s for s in SIZES if s <= max_size) + ((max_size,) if max_size not in SIZES else ())
     vocab = int(model.config.vocab_size)
     gen = torch.Generator().manual_seed(0)
     ctx = torch.randint(0, vocab, (ctx_len,), generator=gen).tolist()

@@ -2,6 +2,7 @@
 import itertools
 
 from cure_core import budget
+from cure_core.config import DecodeConfig
 
 
 def test_a_burst_of_load_spoils_one_round_not_the_curve(target, monkeypatch):
@@ -29,3 +30,34 @@ def test_the_cache_key_names_the_method():
     """Curves cached by the size-after-size method are not reused: the key changed with the method."""
     from cure_core.tiny import tiny_target
     assert budget._model_key(tiny_target(seed=0), 128).endswith("|rounds")
+
+
+def test_a_curve_cached_without_the_small_sizes_is_measured_again(target, monkeypatch, private_cost_curves):
+    """A curve cached when SIZES skipped 3, 5, 6 and 7 would price 5 nodes by interpolating between 4 and 8,
+    across the step CPU kernels take at 7 rows; it is measured again, and a full one is reused."""
+    import json
+    key = budget._model_key(target, 128)
+    old = {"sizes": [0, 1, 2, 4, 8, 12, 16], "verify_ms": [10.0, 10.0, 10.0, 10.0, 20.0, 21.0, 22.0]}
+    private_cost_curves.write_text(json.dumps({key: old}))
+    timed = []
+
+    def fake(lm, toks):
+        timed.append(len(toks) - 1)
+        return 10.0 if len(toks) <= 6 else 20.0           # root + 5 nodes at one price, then the step
+    monkeypatch.setattr(budget, "_time_forward", fake)
+    curve = budget.measure_cost_curve(target, max_size=16)
+    assert {3, 5, 6, 7} <= set(curve.sizes) and timed
+    assert curve.verify(5) == 10.0 and curve.verify(6) == 20.0
+    timed.clear()
+    again = budget.measure_cost_curve(target, max_size=16)  # now cached with every size: no forward timed
+    assert again.sizes == curve.sizes and not timed
+
+
+def test_every_budget_up_to_the_block_is_a_candidate(pair):
+    """The tuner may pick any tree size up to K-1 nodes (where a kernel step makes 5 nodes as cheap as 4),
+    and the wider sizes above it."""
+    from cure_core.engine import Engine
+    cfg = DecodeConfig(strategy="cure", k=8, v_max=16, auto_budget=True)
+    tuner = Engine(pair, cfg)._make_tuner(cfg)
+    assert tuner.candidates == [0, 1, 2, 3, 4, 5, 6, 7, 8, 12, 16]
+    assert set(tuner.candidates) <= set(tuner.curve.sizes)
