@@ -227,7 +227,8 @@ class BudgetTuner:
                  warmup: int = 2, explore_max: int = 64, warmup_cost: float = 2.0,
                  steps: Callable[[int], int] | None = None, priced_before_zero: int = 3,
                  redraft_min: int = 8, redraft_probe: int = 8, stale_after: int = 32, stale_ratio: float = 2.0,
-                 memory: int = 256, probe_min: int = 4, probe_max: int = 12, probe_z: float = 1.5):
+                 memory: int = 256, probe_min: int = 4, probe_max: int = 12, probe_z: float = 1.5,
+                 cost_min: int = 3):
         self.curve = curve
         # sequential drafter steps a budget costs (an AR chain: one per drafted position, min(V, K-1));
         # None: one pass at any budget (a block-parallel drafter)
@@ -259,6 +260,7 @@ class BudgetTuner:
         self.probing = False                                 # the last exploration was a thin or could-win probe
         self._accept: dict[int, float | None] = {}           # cached `expected_accept`, reset per block
         self.costs: list[DraftCost] = []                     # one per drafting block: budget, positions, C_d ms
+        self.cost_min = cost_min                             # C_d samples a budget needs to be priced by its own
         self._line: tuple[float, float] | None = None        # cached (c0, c1) of `cost_line`, reset per sample
         self._survival: list[float] | None = None            # cached `drafted_survival`, reset per sample
         # per drafting block under a draft stop: (the chain's joint draft log-prob at depths 1..D, the
@@ -346,21 +348,41 @@ class BudgetTuner:
         proportion to the steps alone, a tuner settled on 4-step chains priced an 8-step chain at twice
         its cost where a per-block part c0 is large, and a stopped chain at the steps it never drafted,
         and stayed on budgets the blocks it did explore beat (benchmarks/results/README.md, tuner cost
-        model). How large c0 is varies by pair and run; it is learnt, not assumed."""
+        model). How large c0 is varies by pair and run; it is learnt, not assumed.
+        Rule: over a block-parallel drafter, a budget is priced by its own samples alone once it holds `cost_min`
+        of them in the window; with fewer, by the budgets that hold enough (between two, linear; outside, the
+        nearest; before any does, the median of every sample), or by its own mean where that is lower. One block drafted in
+        a burst of other load carries the burst: on the 1.5B pair a single budget-4 block that took 238 ms to
+        draft (65 ms the blocks around it) priced budget 4 at 238 ms for the next 64 drafting blocks, and the
+        tuner verified 2-node trees through seven HumanEval prompts (benchmarks/results/peers60_qwen15b_s30_cpu,
+        83 blocks at budget 2 against ddtree's 15). Priced too low, a budget gets chosen or explored, and its
+        samples correct the price; priced too high, nothing brings it samples."""
         if v == 0 or not self.costs:
             return 0.0
         if self.steps is not None:
             c0, c1 = self.cost_line()
             return c0 + c1 * self.expected_drafted(v)
+        by = self.cost_samples()
+        own = sum(by[v]) / len(by[v]) if v in by else math.inf
+        mean = {b: sum(ms) / len(ms) for b, ms in by.items() if len(ms) >= self.cost_min}   # the priced budgets
+        if v in mean:
+            return mean[v]
+        if not mean:                                       # none priced yet: every sample, pooled
+            return min(own, statistics.median(ms for got in by.values() for ms in got))
+        lo = max((b for b in mean if b <= v), default=None)
+        hi = min((b for b in mean if b >= v), default=None)
+        if lo is None or hi is None:
+            est = mean[lo if hi is None else hi]
+        else:
+            est = mean[lo] + (mean[hi] - mean[lo]) * (v - lo) / (hi - lo)
+        return min(own, est)                               # a few own samples may lower the price, never raise it
+
+    def cost_samples(self) -> dict[int, list[float]]:
+        """{budget: C_d ms of its drafting blocks in the window}."""
         by: dict[int, list[float]] = {}
         for c in self.costs[-self.window:]:
             by.setdefault(c.budget, []).append(c.ms)
-        mean = {b: sum(ms) / len(ms) for b, ms in by.items()}
-        lo = max((b for b in mean if b <= v), default=None)
-        hi = min((b for b in mean if b >= v), default=None)
-        if lo is None or hi is None or lo == hi:
-            return mean[lo if hi is None else hi]
-        return mean[lo] + (mean[hi] - mean[lo]) * (v - lo) / (hi - lo)
+        return by
 
     def cost_line(self) -> tuple[float, float]:
         """(c0, c1): a sequential drafter's C_d = c0 + c1 x positions drafted, fitted over the recent drafting
@@ -525,7 +547,8 @@ class BudgetTuner:
 
     def exploration(self, best: int) -> int | None:
         """The budget an exploration block tries when the best is `best`: one step up, so a(V) stays fresh
-        there; but one step down first where a block-parallel drafter's cost there is unsampled. Rule: a
+        there; but one step down first where a block-parallel drafter's cost there is unpriced (fewer than
+        `cost_min` samples: `drafting_ms`). Rule: a
         block-parallel drafter's C_d grows with the budget (cure's re-drafts: the 1.5B showcase pair's PARD
         drafter paid 70 ms a block at budget 4, 96 at 8 and 136 at 12), and `drafting_ms` prices a budget
         below every sample at the smallest sampled one's cost: too high, and nothing corrected it, since
@@ -538,8 +561,7 @@ class BudgetTuner:
         self.probing = False
         if self.steps is None:
             below = [v for v in self.candidates if 0 < v < best]
-            sampled = {c.budget for c in self.costs[-self.window:]}
-            if below and below[-1] not in sampled:
+            if below and len(self.cost_samples().get(below[-1], ())) < self.cost_min:
                 return below[-1]
         if wide := self.wide_probe(best):
             return wide

@@ -464,6 +464,36 @@ def test_budget_tuner_explores_down_where_a_block_parallel_drafters_cost_is_unsa
     assert 4 in down[first:]                                         # whose own budget below gets sampled
 
 
+def test_budget_tuner_does_not_price_a_budget_by_one_block_drafted_in_a_burst():
+    """The 1.5B pair's tuner, settled at budget 2 (65 ms a draft), drafted one block at budget 4 while another
+    job loaded the box: 238 ms. Priced by that one sample, budget 4 lost to 2 until the sample left the window
+    (the control, cost_min=1: the rule before). A budget is priced by its own samples alone once it holds
+    `cost_min` (3); with fewer, by the priced budgets, or by its own mean where lower. Here the target accepts
+    nodes 0, 1 and 2, so 4 nodes (4 tokens / 370 ms) beat 2 (3 / 365) and 8 (whose forward costs 500)."""
+    from cure_core.budget import BudgetTuner, CostCurve
+
+    curve = CostCurve((0, 2, 4, 8), (300.0, 300.0, 305.0, 500.0))
+
+    def settled(cost_min):
+        t = BudgetTuner(curve, [0, 2, 4, 8], cost_min=cost_min)
+        t.observe(tuner_block([0, 1, 2], 8, draft_ms=65.0, index=0), 8)         # a generation's first: no sample
+        for i in range(40):
+            t.observe(tuner_block([0, 1], 2, draft_ms=65.0), 2)
+            if i in (10, 30):
+                t.observe(tuner_block([0, 1, 2], 8, draft_ms=66.0), 8)          # explorations: a(4), a(8)
+        t.observe(tuner_block([0, 1, 2], 4, draft_ms=238.0), 4)                 # the burst
+        t.blocks = 1                                                            # past the exploration tick
+        return t
+
+    new, old = settled(3), settled(1)
+    assert old.drafting_ms(4) == pytest.approx(238.0) and old.choose() == 2     # the control: stuck on 2
+    assert new.drafting_ms(4) == pytest.approx(65.0) and new.choose() == 4
+    assert new.drafting_ms(8) == pytest.approx(65.0)                            # its own 66 is not lower
+    for _ in range(2):                                                          # three samples: its own price
+        new.observe(tuner_block([0, 1, 2], 4, draft_ms=238.0), 4)
+    assert new.drafting_ms(4) == pytest.approx(238.0) and new.choose() == 2
+
+
 def test_budget_tuner_probes_the_warm_up_budget_where_budgets_above_the_best_are_unrated():
     """Settled at budget 0 through a hard opening (nothing accepted), the tuner's window forgets the warm-up
     blocks: budgets above 0 are unrated. Then the drafts improve, but only beyond the first nodes (the target
