@@ -547,21 +547,22 @@ class BudgetTuner:
 
     def exploration(self, best: int) -> int | None:
         """The budget an exploration block tries when the best is `best`: one step up, so a(V) stays fresh
-        there; but one step down first where a block-parallel drafter's cost there is unpriced (fewer than
-        `cost_min` samples: `drafting_ms`). Rule: a
+        there; but one step down first where a block-parallel drafter's cost there is unsampled. Rule: a
         block-parallel drafter's C_d grows with the budget (cure's re-drafts: the 1.5B showcase pair's PARD
         drafter paid 70 ms a block at budget 4, 96 at 8 and 136 at 12), and `drafting_ms` prices a budget
-        below every sample at the smallest sampled one's cost: too high, and nothing corrected it, since
+        below every sample at the smallest priced one's cost: too high, and nothing corrected it, since
         explorations only went up and every block's a(V) already told the smaller budget's acceptance. A
         tuner whose warm-up blocks sampled 12 and 16 only then ran a held-out HumanEval run's first 69
         blocks at 12 (1.72x ar per block) before it tried 8 (2.20x), once its acceptance estimates moved
         (benchmarks/results/showcase_qwen15b_pard7697_cpu; with this rule: ..._s15_cpu). A sequential
-        drafter's cost line prices every budget from any samples, so it explores up only. None: nothing
-        to explore."""
+        drafter's cost line prices every budget from any samples, so it explores up only. One sample below
+        is enough: `drafting_ms` lets a budget's own samples lower its price before it holds `cost_min`. (Asking
+        for `cost_min` here sent a tuner settled at 2 nodes down to 1 at its first three explorations, where
+        it used to go up: benchmarks/results/peers60_qwen15b_s31_burst_cpu.) None: nothing to explore."""
         self.probing = False
         if self.steps is None:
             below = [v for v in self.candidates if 0 < v < best]
-            if below and len(self.cost_samples().get(below[-1], ())) < self.cost_min:
+            if below and below[-1] not in self.cost_samples():
                 return below[-1]
         if wide := self.wide_probe(best):
             return wide

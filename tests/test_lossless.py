@@ -493,6 +493,13 @@ def test_budget_tuner_does_not_price_a_budget_by_one_block_drafted_in_a_burst():
         new.observe(tuner_block([0, 1, 2], 4, draft_ms=238.0), 4)
     assert new.drafting_ms(4) == pytest.approx(238.0) and new.choose() == 2
 
+    # one sample below the best is enough to stop exploring down: its own mean already lowers its price
+    # (asking for cost_min there sent a tuner settled at 2 down to 1 at three explorations running)
+    below = BudgetTuner(curve, [0, 1, 2, 4, 8])
+    for v in [2] * 20 + [1]:
+        below.observe(tuner_block([0, 1][:v], v, draft_ms=65.0), v)
+    assert below.exploration(2) != 1
+
 
 def test_budget_tuner_probes_the_warm_up_budget_where_budgets_above_the_best_are_unrated():
     """Settled at budget 0 through a hard opening (nothing accepted), the tuner's window forgets the warm-up
