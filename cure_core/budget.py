@@ -48,9 +48,9 @@ from .redraft_price import RedraftPrice
 
 # Tree sizes the cost curve is measured at (and the tuner's candidate budgets, engine._make_tuner). Rule: every
 # size up to 8, since CPU matmul kernels step at small row counts: oneDNN's float32 kernels on this AVX2 box
-# run 1-6 rows at one price and 7 at +30% (benchmarks/results/cost_steps_cpu), so root + 5 nodes verify in
-# a 4-node tree's time. Measured at 4 and 8 only, the curve put 5 nodes a quarter of the way up that step
-# and no budget between 4 and 7 was a candidate: the tuner settled on 4 where 5 was free.
+# run 1-6 rows at about one price and 7 at +15-30% (benchmarks/results/cost_steps_cpu), so root + 5 nodes
+# verify for about a 4-node tree's price (+2-3%). Measured at 4 and 8 only, the curve put 5 nodes a quarter
+# of the way up that step, and no budget between 4 and 7 was a candidate.
 SIZES = (0, 1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 
 
@@ -351,8 +351,8 @@ class BudgetTuner:
         model). How large c0 is varies by pair and run; it is learnt, not assumed.
         Rule: over a block-parallel drafter, a budget is priced by its own samples alone once it holds `cost_min`
         of them in the window; with fewer, by the budgets that hold enough (between two, linear; outside, the
-        nearest; before any does, the median of every sample), or by its own mean where that is lower. One block drafted in
-        a burst of other load carries the burst: on the 1.5B pair a single budget-4 block that took 238 ms to
+        nearest; before any does, the median of every sample), or by its own mean where that is lower. One
+        block drafted in a burst of other load carries the burst: on the 1.5B pair a single budget-4 block that took 238 ms to
         draft (65 ms the blocks around it) priced budget 4 at 238 ms for the next 64 drafting blocks, and the
         tuner verified 2-node trees through seven HumanEval prompts (benchmarks/results/peers60_qwen15b_s30_cpu,
         83 blocks at budget 2 against ddtree's 15). Priced too low, a budget gets chosen or explored, and its
