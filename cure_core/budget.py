@@ -49,7 +49,7 @@ from .redraft_price import RedraftPrice
 # Tree sizes the cost curve is measured at (and the tuner's candidate budgets, engine._make_tuner). Rule: every
 # size up to 8, since CPU matmul kernels step at small row counts: oneDNN's float32 kernels on this AVX2 box
 # run 1-6 rows at about one price and 7 at +15-30% (benchmarks/results/cost_steps_cpu), so root + 5 nodes
-# verify for about a 4-node tree's price (+2-3%). Measured at 4 and 8 only, the curve put 5 nodes a quarter
+# verify for about a 4-node tree's price (+2-4% for the whole forward). Measured at 4 and 8 only, the curve put 5 nodes a quarter
 # of the way up that step, and no budget between 4 and 7 was a candidate.
 SIZES = (0, 1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 
