@@ -35,7 +35,10 @@ else the chain draft).
 
 Order: models load once; one warm-up generation per method (short, on the first prompt); then
 prompt-major interleaving (for each prompt, every method in turn) so machine drift and other
-load on this shared box hit every method alike.
+load on this shared box hit every method alike. Within a prompt the methods run in a balanced order
+(`--order balanced`, the default: the rows of a Williams design, so over a cycle of prompts every
+method runs in every position and right after every other method equally often); `--order fixed`
+keeps the listed order, as every run before the option did.
 
 Timing: prefill is EXCLUDED for everyone.
   * cure: the engine times the prefill (the prompt minus its last token) apart; decode time is the
@@ -91,6 +94,7 @@ import torch  # noqa: E402
 
 from cure_core.attention import stock_sdpa  # noqa: E402
 from cure_core.options import EngineArgs, parse_list  # noqa: E402
+from cure_cli.bench.runner import ORDERS, balanced_order  # noqa: E402
 
 SCHEMA = "cure.peers/1"
 HF_METHODS = {"generate": "hf_generate", "assisted": "hf_assisted", "prompt-lookup": "hf_prompt_lookup"}
@@ -467,6 +471,15 @@ def first_mismatch(a: Sequence[int], b: Sequence[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def run_order(methods: Sequence[Method], prompt_index: int, order: str) -> list[Method]:
+    """The methods in the order they run on one prompt: `cure bench`'s rule (runner.balanced_order, a
+    Williams design), or the listed order every prompt ("fixed": hf_generate first, each method always
+    after the same one, as runs before `--order`)."""
+    if order == "fixed":
+        return list(methods)
+    return [methods[j] for j in balanced_order(len(methods), prompt_index)]
+
+
 def summarize_methods(methods: Sequence[Method], results: list[dict]) -> dict:
     out: dict[str, dict] = {}
     for m in methods:
@@ -577,6 +590,10 @@ def parse_args(argv: Sequence[str] | None):
                     help="record, per block, the budget tuner's view before its choice (rates per candidate budget)")
     ap.add_argument("--json", default=None, metavar="OUT.json")
     ap.add_argument("--quiet", action="store_true", help="no per-generation progress lines")
+    ap.add_argument("--order", choices=ORDERS, default="balanced",
+                    help="methods' order within a prompt: balanced (a Williams design: each method in each "
+                         "position and after each other method alike), or the listed order every prompt (as "
+                         "runs before this option)")
     EngineArgs.add_cli_args(ap, exclude=("strategy", "temperature", "seed", "chat"), max_new_tokens=64)
     args = ap.parse_args(argv)
     if args.limit < 1 or args.max_new_tokens < 1:
@@ -623,22 +640,26 @@ def main(argv: Sequence[str] | None = None) -> dict:
     total = len(setup.prompts) * len(methods)
     done = 0
     for pi, (set_name, tid, ids) in enumerate(setup.prompts):
-        ref_tokens = None
-        for m in methods:
-            rec = m.run(ids, args.max_new_tokens)
-            if m.name == REFERENCE:
-                ref_tokens = rec["tokens"]
+        runs: dict[str, tuple[int, dict]] = {}
+        for position, m in enumerate(run_order(methods, pi, args.order)):
+            rec = runs[m.name] = (position, m.run(ids, args.max_new_tokens))
+            done += 1
+            if not args.quiet:
+                tps = _rate(rec[1]["decode_tokens"], rec[1]["decode_ms"])
+                console.print(f"[{done}/{total}] {tid} {m.name}: {len(rec[1]['tokens'])} tok, "
+                              f"{'-' if tps is None else f'{tps:.2f}'} tok/s")
+        # compared once every method has run: the reference need not run first
+        ref_tokens = runs[REFERENCE][1]["tokens"] if REFERENCE in runs else None
+        for m in methods:                                # results in the methods' listed order
+            position, rec = runs[m.name]
             mm = first_mismatch(rec["tokens"], ref_tokens)
             tps = _rate(rec["decode_tokens"], rec["decode_ms"])
             results.append({"prompt_index": pi, "set": set_name, "task_id": tid, "method": m.name, "prompt_tokens": len(ids),
                             "new_tokens": len(rec["tokens"]), **rec, "tokens_per_s": tps,
                             "tpot_ms": 1e3 / tps if tps else None, "matches_hf_greedy": mm is None,
-                            "first_mismatch": mm})
-            done += 1
-            if not args.quiet:
-                console.print(f"[{done}/{total}] {tid} {m.name}: {len(rec['tokens'])} tok, "
-                              f"{'-' if tps is None else f'{tps:.2f}'} tok/s"
-                              + ("" if mm is None else f", [red]differs from HF greedy at token {mm}[/red]"))
+                            "first_mismatch": mm, "run_position": position})
+            if mm is not None and not args.quiet:
+                console.print(f"{tid} {m.name}: [red]differs from HF greedy at token {mm}[/red]")
 
     summary = summarize_methods(methods, results)
     sets = sorted({r["set"] for r in results}, key=[x[0] for x in setup.prompts].index)
@@ -661,7 +682,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "timing": {"prefill": "excluded; hf: time of generate(max_new_tokens=1) with the same arguments, "
                               "subtracted from the full generate, decode tokens = new - 1; cure: engine prefill "
                               "timing, decode tokens = new",
-                   "order": "warm-up per method, then prompt-major interleaving", "load_s": load_s},
+                   "order": "warm-up per method, then prompt-major interleaving"
+                            + (", the methods' order balanced over prompts (Williams design)"
+                               if args.order == "balanced" else
+                               ", the methods in their listed order every prompt"), "load_s": load_s},
         "methods": [{"name": m.name, "kind": m.kind, "lossless": True, "settings": m.settings} for m in methods],
         "skipped": setup.skipped,
         "notes": setup.notes,

@@ -4,7 +4,7 @@ Four steps, one function each:
     plan    the prompts (cure_tasks), the runs (a DecodeConfig per strategy and ablation)
     load    the models, once (cure_core.api.open_pair: the same opener as generate and chat)
     run     warm-up, then every (prompt, run) pair interleaved prompt by prompt, so machine drift hits
-            every run alike; finished pairs go to progress.jsonl (--resume) and the trace
+            every run alike (in a balanced order: each run in each position and after each other alike); finished pairs go to progress.jsonl (--resume) and the trace
     report  metrics, scores, results.json / samples.jsonl, plots, the tables
 See cure_cli/bench/ for the pieces.
 """
@@ -26,7 +26,8 @@ from rich.text import Text
 from cure_core.options import EngineArgs
 
 from .bench import report, stats
-from .bench.runner import BenchPrompt, PairResult, ProgressLog, RunSpec, build_runs, interleave, parse_list, run_interleaved, warm_up
+from .bench.runner import (ORDERS, BenchPrompt, PairResult, ProgressLog, RunSpec, build_runs, interleave, parse_list,
+                           run_interleaved, warm_up)
 from .bench.scoring import REFUSAL, Scorer, needs_exec, summarize_scores
 from .common import LoggedProgress, err_console, fail, friendly_errors, phase_lines, quiet_transformers, sigterm_as_interrupt
 from .options import engine_options, with_flags
@@ -98,10 +99,11 @@ class Plan:
     strategies: list[str]           # the runs: one per strategy, then CURE per ablation
     ablations: list[str]
     notes: list[str] = field(default_factory=list)
+    order: str = "balanced"         # the runs' order within a prompt (runner.interleave)
 
 
 def plan(dataset: str | None, prompts: Path | None, data: Path | None, limit: int | None, strategies: str,
-         ablate: str | None, args: EngineArgs) -> Plan:
+         ablate: str | None, args: EngineArgs, order: str = "balanced") -> Plan:
     from cure_core.config import DecodeConfig
     from cure_tasks import DatasetError
     from cure_tasks import load as load_task
@@ -109,6 +111,8 @@ def plan(dataset: str | None, prompts: Path | None, data: Path | None, limit: in
         if dataset not in (None, "prompts"):
             fail(f"give a data set or --prompts, not both (got {dataset!r} and --prompts {prompts})")
         dataset, data = "prompts", prompts
+    if order not in ORDERS:
+        fail(f"--order must be one of {', '.join(ORDERS)} (got {order!r})")
     if dataset is None:
         fail("name a data set (humaneval, gsm8k, mbpp, lcb-lite) or pass --prompts FILE.jsonl")
     try:
@@ -124,7 +128,7 @@ def plan(dataset: str | None, prompts: Path | None, data: Path | None, limit: in
         names.append("cure")
         notes.append("--ablate compares against full CURE: added 'cure' to the runs")
     build_runs(DecodeConfig(), names, ablations)                   # names checked now; configs once K is known
-    return Plan(dataset, data, limit, problems, names, ablations, notes)
+    return Plan(dataset, data, limit, problems, names, ablations, notes, order)
 
 
 # ---------------------------------------------------------------- 2. load
@@ -193,7 +197,7 @@ def run(p: Plan, m: Loaded, log: ProgressLog, writer, scorer: Scorer, warmup: in
         writer.end()
 
     prev_by_key = {x.key: x for x in previous}
-    for q, r in interleave(prompts, runs):              # earlier sessions' pairs first, in benchmark order
+    for q, r in interleave(prompts, runs, order=p.order):   # earlier sessions' pairs first, in benchmark order
         if (q.index, r.name) in prev_by_key:
             trace_pair(prev_by_key[(q.index, r.name)])
 
@@ -229,7 +233,7 @@ def run(p: Plan, m: Loaded, log: ProgressLog, writer, scorer: Scorer, warmup: in
                     progress.advance(task)
 
             run_interleaved(engine, runs, prompts, done, lambda ids: tok.decode(ids, skip_special_tokens=True),
-                            score=scorer, on_start=on_start, on_pair=on_pair)
+                            score=scorer, on_start=on_start, on_pair=on_pair, order=p.order)
             progress.update(task, description="done")
     except KeyboardInterrupt:
         status = "interrupted"
@@ -254,7 +258,9 @@ def write_report(p: Plan, m: Loaded, args: EngineArgs, finished: list[PairResult
         status=status, dataset=p.dataset, data_path=str(p.data) if p.data else None, limit=p.limit,
         prompts=len(m.prompts), models=models, versions=versions(), device=_device_info(args, m.pair.draft_dtype),
         base_config={kk: v for kk, v in base.to_dict().items() if kk != "strategy"}, runs=m.runs,
-        order="interleaved: for each prompt, every run in turn (" + ", ".join(names) + ")",
+        order="interleaved: for each prompt, every run in turn (" + ", ".join(names) + ")"
+              + ("; their order balanced over the prompts (Williams design)" if p.order == "balanced" else
+                 ", in that order every prompt"),
         warmup=warmup, chat=m.chat, computed=computed, scoring=scoring, skipped=m.skipped,
         skipped_prompts=m.skipped_prompts, pairs=finished, output_dir=output_dir)
     report.write_outputs(output_dir, results, finished)
@@ -335,6 +341,7 @@ def bench(
     warmup: Annotated[int, typer.Option("--warmup", help="Throw-away generations per run before timing.", min=0)] = 1,
     engine: Annotated[str, typer.Option("--engine", help="cure: our strategies only | vllm: also run the same prompts through vLLM (ar, and dflash with the exported drafter) in its own venv, on the CPU, and add its rows to the table.")] = "cure",
     threads: Annotated[Optional[int], typer.Option("--threads", help="CPU threads for torch (and for vLLM with --engine vllm). Default: torch's.", min=1)] = None,
+    order: Annotated[str, typer.Option("--order", help="Runs' order within a prompt: balanced (each run in each position and after each other run alike over the prompts) | fixed (the --strategies order every prompt, as before this option).")] = "balanced",
     *, args: EngineArgs,
 ) -> None:
     """Benchmark decoding strategies on one data set: speed, acceptance, losslessness, task score."""
@@ -351,7 +358,7 @@ def bench(
         if threads:
             import torch
             torch.set_num_threads(threads)
-        p = plan(dataset, prompts, data, limit, strategies, ablate, args)
+        p = plan(dataset, prompts, data, limit, strategies, ablate, args, order)
         vllm_draft = check_engine(engine, p, args)                 # before any model loads
         with phase_lines():
             m = load(p, args, args.chat)

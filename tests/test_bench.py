@@ -7,7 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cure_cli.bench import runner as bench_runner
-from cure_cli.bench.runner import (BenchError, BenchPrompt, PairResult, ProgressLog, RunSpec, build_runs, interleave,
+from cure_cli.bench.runner import (BenchError, BenchPrompt, balanced_order, PairResult, ProgressLog, RunSpec, build_runs, interleave,
                                    parse_list)
 from cure_cli.bench.scoring import REFUSAL, Scorer, summarize_scores
 from cure_cli.bench.stats import common_prefix, complete_prompts, compute, match_stats, run_metrics
@@ -146,11 +146,31 @@ def test_build_runs_with_ablations():
 def test_interleaving_is_prompt_major_and_skips_done_pairs():
     prompts = [BenchPrompt(i, Problem(task_id=f"t{i}", prompt="x", kind="code"), (1,)) for i in range(3)]
     runs = [RunSpec(s, DecodeConfig(strategy=s)) for s in ("ar", "parallel", "cure")]
-    order = [(p.index, r.name) for p, r in interleave(prompts, runs)]
+    order = [(p.index, r.name) for p, r in interleave(prompts, runs, order="fixed")]
     assert order == [(0, "ar"), (0, "parallel"), (0, "cure"), (1, "ar"), (1, "parallel"), (1, "cure"),
                      (2, "ar"), (2, "parallel"), (2, "cure")]
-    order = [(p.index, r.name) for p, r in interleave(prompts, runs, done={(0, "ar"), (0, "parallel"), (1, "cure")})]
+    done = {(0, "ar"), (0, "parallel"), (1, "cure")}
+    order = [(p.index, r.name) for p, r in interleave(prompts, runs, done=done, order="fixed")]
     assert order == [(0, "cure"), (1, "ar"), (1, "parallel"), (2, "ar"), (2, "parallel"), (2, "cure")]
+    # the default: balanced_order's rows by prompt index (3 runs: 0 1 2 | 1 2 0 | 2 0 1 | mirrored after)
+    order = [(p.index, r.name) for p, r in interleave(prompts, runs)]
+    assert order == [(0, "ar"), (0, "parallel"), (0, "cure"), (1, "parallel"), (1, "cure"), (1, "ar"),
+                     (2, "cure"), (2, "ar"), (2, "parallel")]
+    order = [(p.index, r.name) for p, r in interleave(prompts, runs, done=done)]     # a resume keeps it
+    assert order == [(0, "cure"), (1, "parallel"), (1, "ar"), (2, "cure"), (2, "ar"), (2, "parallel")]
+
+
+def test_balanced_order_puts_every_run_in_every_position_and_after_every_other():
+    from collections import Counter
+    for n in range(1, 10):
+        cycle = n if n % 2 == 0 else 2 * n
+        rows = [balanced_order(n, i) for i in range(cycle)]
+        assert all(sorted(r) == list(range(n)) for r in rows)
+        positions = Counter((x, j) for r in rows for j, x in enumerate(r))
+        follows = Counter(pair for r in rows for pair in zip(r, r[1:]))
+        assert len(positions) == n * n and len(set(positions.values())) == 1, n
+        assert len(follows) == n * (n - 1) and len(set(follows.values())) <= 1, n     # each ordered pair alike
+        assert balanced_order(n, cycle + 1) == rows[1 % cycle]
 
 
 def test_progress_log_resume_rules(tmp_path):
@@ -267,7 +287,7 @@ def test_end_to_end_all_strategies_with_ablation(tiny_dirs, prompts_file, tmp_pa
     assert len(trace.generations) == 2 * len(names)
     run_cfg = {n: res["runs"][n] for n in names}
     order = [next(n for n in names if run_cfg[n] == g.config) for g in trace.generations]
-    assert order == names * 2
+    assert order == [names[j] for i in range(2) for j in balanced_order(len(names), i)]
     assert [g.prompt for g in trace.generations][:: len(names)] == ["def add(a, b):",
                                                                    "Tom has 3 apples and buys 4 more. How many?"]
     assert all(sum(len(b.emitted) for b in g.blocks) == 10 for g in trace.generations)
@@ -304,7 +324,7 @@ def test_interrupt_keeps_finished_work_and_resume_skips_it(tiny_dirs, prompts_fi
 
     def flaky(engine, prompt, run, decode):
         calls.append((prompt.index, run.name))
-        if len(calls) == 4:                                     # Ctrl+C during prompt 1's second run
+        if len(calls) == 4:                                     # Ctrl+C during prompt 1's first run
             raise KeyboardInterrupt
         return real(engine, prompt, run, decode)
 
@@ -314,7 +334,7 @@ def test_interrupt_keeps_finished_work_and_resume_skips_it(tiny_dirs, prompts_fi
     res = json.loads((out / "results.json").read_text())
     assert res["status"] == "interrupted" and res["finished_pairs"] == 3 and res["compared_prompts"] == 1
     assert read_trace(out).footer["status"] == "interrupted"
-    assert calls == [(0, "ar"), (0, "parallel"), (0, "cure"), (1, "ar")]
+    assert calls == [(0, "ar"), (0, "parallel"), (0, "cure"), (1, "parallel")]     # balanced: prompt 1 starts later
 
     # without --resume the directory is protected; with it, only the missing pairs run
     r = bench(tiny_dirs, prompts_file, out, "--strategies", "ar,parallel,cure")
@@ -323,12 +343,13 @@ def test_interrupt_keeps_finished_work_and_resume_skips_it(tiny_dirs, prompts_fi
     monkeypatch.setattr(bench_runner, "generate_pair", lambda *a: calls.append((a[1].index, a[2].name)) or real(*a))
     r = bench(tiny_dirs, prompts_file, out, "--strategies", "ar,parallel,cure", "--resume")
     assert r.exit_code == 0, r.output
-    assert calls == [(1, "ar"), (1, "parallel"), (1, "cure"), (2, "ar"), (2, "parallel"), (2, "cure")]
+    assert calls == [(1, "parallel"), (1, "cure"), (1, "ar"), (2, "cure"), (2, "ar"), (2, "parallel")]
     res = json.loads((out / "results.json").read_text())
     assert res["status"] == "complete" and res["compared_prompts"] == 3 and res["finished_pairs"] == 9
     trace = read_trace(out / "trace.jsonl")
     assert trace.footer["status"] == "complete" and len(trace.generations) == 9
-    assert [g.strategy for g in trace.generations] == ["ar", "parallel", "cure"] * 3
+    assert [g.strategy for g in trace.generations] == ["ar", "parallel", "cure", "parallel", "cure", "ar",
+                                                       "cure", "ar", "parallel"]
     # a resume with different engine flags is refused
     r = bench(tiny_dirs, prompts_file, out, "--strategies", "ar,parallel,cure", "--resume", "--tau-margin", 2.0)
     assert r.exit_code != 0 and "different" in r.stderr
@@ -366,3 +387,15 @@ def test_bad_input_is_one_clear_line(tiny_dirs, prompts_file, tmp_path):
     r = runner.invoke(app, ["bench", "mbpp", "--target", str(t)])
     assert r.exit_code != 0 and "--data" in r.stderr
     assert "Traceback" not in r.output
+
+
+def test_a_fixed_order_runs_the_listed_order_and_a_bad_order_is_one_line(tiny_dirs, prompts_file, tmp_path):
+    out = tmp_path / "run"
+    r = bench(tiny_dirs, prompts_file, out, "--strategies", "ar,parallel", "--limit", 2, "--order", "fixed",
+              "--warmup", 0)
+    assert r.exit_code == 0, r.output
+    assert [g.strategy for g in read_trace(out / "trace.jsonl").generations] == ["ar", "parallel"] * 2
+    assert "in that order every prompt" in json.loads((out / "results.json").read_text())["order"]
+    r = bench(tiny_dirs, prompts_file, tmp_path / "bad", "--strategies", "ar", "--order", "shuffled")
+    assert r.exit_code == 2 and "--order must be one of balanced, fixed" in r.stderr and "Traceback" not in r.output
+    assert not (tmp_path / "bad").exists()                                   # refused before anything is written

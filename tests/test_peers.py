@@ -171,3 +171,22 @@ def test_budget_table_counts_stopped_chains_and_those_accepted_whole(peers):
     assert t["stopped_chains"] == 2 and t["stopped_chains_accepted_whole"] == 1
     assert t["by_budget"]["4"]["blocks"] == 2 and t["by_budget"]["4"]["drafted"] == pytest.approx(2.5)
     assert t["by_budget"]["8"]["tok_s"] == pytest.approx(1e3 * 7 / 100)
+
+
+def test_methods_run_in_cure_benchs_balanced_order(peers):
+    from cure_cli.bench.runner import balanced_order
+    methods = [f"m{i}" for i in range(8)]
+    for i in range(10):
+        assert peers.run_order(methods, i, "balanced") == [methods[j] for j in balanced_order(8, i)]
+    assert peers.run_order(methods, 5, "fixed") == methods
+
+
+def test_results_record_where_each_method_ran(report):
+    assert "balanced" in report["timing"]["order"]
+    by_prompt = {}
+    for r in report["results"]:
+        by_prompt.setdefault(r["prompt_index"], []).append(r)
+    for rs in by_prompt.values():
+        assert [r["method"] for r in rs] == HF + CURE                        # listed order in the JSON
+        assert sorted(r["run_position"] for r in rs) == list(range(len(HF + CURE)))
+    assert by_prompt[0][0]["run_position"] == 0 and by_prompt[1][0]["run_position"] != 0   # the reference moved

@@ -1,8 +1,9 @@
 """The benchmark loop: every run (strategy config) on the same prompts, interleaved prompt by prompt.
 
     for each prompt:            # so machine drift (thermal, other load) hits every run alike
-        for each run:           # ar, sd, parallel, cure, ddtree, then any CURE ablations
-            generate, record, score
+        for each run:           # ar, sd, parallel, cure, ddtree, then any CURE ablations, in a
+            generate, record,   # balanced order (balanced_order: each run in each position and
+            score               # after each other run alike over the prompts), or --order fixed
 
 Models are loaded once by the caller; one Engine serves every run (each run's config keeps its own
 budget tuner across prompts). Finished
@@ -121,12 +122,33 @@ class PairResult:
                           score=score)
 
 
-def interleave(prompts: Sequence[BenchPrompt], runs: Sequence[RunSpec],
-               done: Iterable[tuple[int, str]] = ()) -> Iterator[tuple[BenchPrompt, RunSpec]]:
-    """The benchmark order: prompt-major, every run in turn for each prompt; finished pairs skipped."""
+ORDERS = ("balanced", "fixed")
+
+
+def balanced_order(n: int, i: int) -> list[int]:
+    """The order n runs take on the i-th prompt: row i (mod the row count) of a Williams design, a Latin
+    square balanced for first-order carryover. Rule: over a full cycle of rows (n prompts, 2n when n is
+    odd) every run goes once in each position and directly after every other run equally often, so what
+    one generation leaves behind (allocator, caches, clocks) weighs on no run more than on another."""
+    if n < 2:
+        return list(range(n))
+    # first row 0, 1, n-1, 2, n-2, ...; row r adds r (mod n); an odd n needs the mirrored rows as well
+    first = [0] + [(k + 1) // 2 if k % 2 else n - k // 2 for k in range(1, n)]
+    rows = [[(x + r) % n for x in first] for r in range(n)]
+    if n % 2:
+        rows += [row[::-1] for row in rows]
+    return rows[i % len(rows)]
+
+
+def interleave(prompts: Sequence[BenchPrompt], runs: Sequence[RunSpec], done: Iterable[tuple[int, str]] = (),
+               order: str = "balanced") -> Iterator[tuple[BenchPrompt, RunSpec]]:
+    """The benchmark order: prompt-major, every run in turn for each prompt, in a balanced order
+    (`balanced_order`, by the prompt's index, so a resumed run keeps it) or the listed one ("fixed", as
+    runs before `--order` did); finished pairs skipped."""
     skip = set(done)
     for p in prompts:
-        for r in runs:
+        for j in (balanced_order(len(runs), p.index) if order == "balanced" else range(len(runs))):
+            r = runs[j]
             if (p.index, r.name) not in skip:
                 yield p, r
 
@@ -155,11 +177,12 @@ def run_interleaved(engine, runs: Sequence[RunSpec], prompts: Sequence[BenchProm
                     done: Iterable[tuple[int, str]], decode: Callable[[list[int]], str],
                     score: Callable[[object, str], dict | None] | None = None,
                     on_start: Callable[[BenchPrompt, RunSpec], None] | None = None,
-                    on_pair: Callable[[PairResult], None] | None = None) -> list[PairResult]:
+                    on_pair: Callable[[PairResult], None] | None = None,
+                    order: str = "balanced") -> list[PairResult]:
     """Run every unfinished (prompt, run) pair in benchmark order. KeyboardInterrupt propagates
     (the pairs already handed to on_pair are kept by the caller)."""
     out = []
-    for p, r in interleave(prompts, runs, done):
+    for p, r in interleave(prompts, runs, done, order):
         if on_start:
             on_start(p, r)
         pair = generate_pair(engine, p, r, decode)
