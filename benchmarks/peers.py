@@ -94,7 +94,7 @@ import torch  # noqa: E402
 
 from cure_core.attention import stock_sdpa  # noqa: E402
 from cure_core.options import EngineArgs, parse_list  # noqa: E402
-from cure_cli.bench.runner import ORDERS, balanced_order  # noqa: E402
+from cure_core.metrics import ORDERS, balanced_order  # noqa: E402
 
 SCHEMA = "cure.peers/1"
 HF_METHODS = {"generate": "hf_generate", "assisted": "hf_assisted", "prompt-lookup": "hf_prompt_lookup"}

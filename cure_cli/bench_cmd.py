@@ -23,10 +23,11 @@ from rich.console import Console, Group
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
+from cure_core.metrics import ORDERS
 from cure_core.options import EngineArgs
 
 from .bench import report, stats
-from .bench.runner import (ORDERS, BenchPrompt, PairResult, ProgressLog, RunSpec, build_runs, interleave, parse_list,
+from .bench.runner import (BenchPrompt, PairResult, ProgressLog, RunSpec, build_runs, interleave, parse_list,
                            run_interleaved, warm_up)
 from .bench.scoring import REFUSAL, Scorer, needs_exec, summarize_scores
 from .common import LoggedProgress, err_console, fail, friendly_errors, phase_lines, quiet_transformers, sigterm_as_interrupt

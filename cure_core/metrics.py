@@ -74,3 +74,23 @@ def per_position_acceptance(blocks: Sequence[Block], depth: int) -> list[float]:
         eligible = [b for b in blocks if len(b.draft) >= d]
         rates.append(sum(b.accept_length >= d for b in eligible) / len(eligible) if eligible else 0.0)
     return rates
+
+
+# ---------------------------------------------------------------- the order runs take in a benchmark
+
+ORDERS = ("balanced", "fixed")
+
+
+def balanced_order(n: int, i: int) -> list[int]:
+    """The order n runs take on the i-th prompt: row i (mod the row count) of a Williams design, a Latin
+    square balanced for first-order carryover. Rule: over a full cycle of rows (n prompts, 2n when n is
+    odd) every run goes once in each position and directly after every other run equally often, so what
+    one generation leaves behind (allocator, caches, clocks) weighs on no run more than on another."""
+    if n < 2:
+        return list(range(n))
+    # first row 0, 1, n-1, 2, n-2, ...; row r adds r (mod n); an odd n needs the mirrored rows as well
+    first = [0] + [(k + 1) // 2 if k % 2 else n - k // 2 for k in range(1, n)]
+    rows = [[(x + r) % n for x in first] for r in range(n)]
+    if n % 2:
+        rows += [row[::-1] for row in rows]
+    return rows[i % len(rows)]

@@ -7,10 +7,11 @@ import pytest
 from typer.testing import CliRunner
 
 from cure_cli.bench import runner as bench_runner
-from cure_cli.bench.runner import (BenchError, BenchPrompt, balanced_order, PairResult, ProgressLog, RunSpec, build_runs, interleave,
+from cure_cli.bench.runner import (BenchError, BenchPrompt, PairResult, ProgressLog, RunSpec, build_runs, interleave,
                                    parse_list)
 from cure_cli.bench.scoring import REFUSAL, Scorer, summarize_scores
 from cure_cli.bench.stats import common_prefix, complete_prompts, compute, match_stats, run_metrics
+from cure_core.metrics import balanced_order
 from cure_tasks import Problem
 from cure_cli.main import app
 from cure_core.block import UFP, Block, Resync, Timings, TreeNode

@@ -174,7 +174,7 @@ def test_budget_table_counts_stopped_chains_and_those_accepted_whole(peers):
 
 
 def test_methods_run_in_cure_benchs_balanced_order(peers):
-    from cure_cli.bench.runner import balanced_order
+    from cure_core.metrics import balanced_order
     methods = [f"m{i}" for i in range(8)]
     for i in range(10):
         assert peers.run_order(methods, i, "balanced") == [methods[j] for j in balanced_order(8, i)]

@@ -22,6 +22,7 @@ from cure_core import records
 from cure_core.block import Block
 from cure_core.config import DecodeConfig
 from cure_core.errors import CureError
+from cure_core.metrics import balanced_order
 from cure_core.options import parse_list  # noqa: F401 - the --strategies / --ablate lists
 
 PROGRESS_FILE = "progress.jsonl"
@@ -120,24 +121,6 @@ class PairResult:
                           completion=records.text(get("completion"), "completion"),
                           blocks=[records.block_from_record(b) for b in records.listing(get("blocks"), "blocks")],
                           score=score)
-
-
-ORDERS = ("balanced", "fixed")
-
-
-def balanced_order(n: int, i: int) -> list[int]:
-    """The order n runs take on the i-th prompt: row i (mod the row count) of a Williams design, a Latin
-    square balanced for first-order carryover. Rule: over a full cycle of rows (n prompts, 2n when n is
-    odd) every run goes once in each position and directly after every other run equally often, so what
-    one generation leaves behind (allocator, caches, clocks) weighs on no run more than on another."""
-    if n < 2:
-        return list(range(n))
-    # first row 0, 1, n-1, 2, n-2, ...; row r adds r (mod n); an odd n needs the mirrored rows as well
-    first = [0] + [(k + 1) // 2 if k % 2 else n - k // 2 for k in range(1, n)]
-    rows = [[(x + r) % n for x in first] for r in range(n)]
-    if n % 2:
-        rows += [row[::-1] for row in rows]
-    return rows[i % len(rows)]
 
 
 def interleave(prompts: Sequence[BenchPrompt], runs: Sequence[RunSpec], done: Iterable[tuple[int, str]] = (),
