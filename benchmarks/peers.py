@@ -94,7 +94,7 @@ import torch  # noqa: E402
 
 from cure_core.attention import stock_sdpa  # noqa: E402
 from cure_core.options import EngineArgs, parse_list  # noqa: E402
-from cure_core.metrics import ORDERS, balanced_order  # noqa: E402
+from cure_core.metrics import ORDERS, run_order as order_of_runs  # noqa: E402
 
 SCHEMA = "cure.peers/1"
 HF_METHODS = {"generate": "hf_generate", "assisted": "hf_assisted", "prompt-lookup": "hf_prompt_lookup"}
@@ -472,12 +472,9 @@ def first_mismatch(a: Sequence[int], b: Sequence[int]) -> int | None:
 
 
 def run_order(methods: Sequence[Method], prompt_index: int, order: str) -> list[Method]:
-    """The methods in the order they run on one prompt: `cure bench`'s rule (runner.balanced_order, a
-    Williams design), or the listed order every prompt ("fixed": hf_generate first, each method always
-    after the same one, as runs before `--order`)."""
-    if order == "fixed":
-        return list(methods)
-    return [methods[j] for j in balanced_order(len(methods), prompt_index)]
+    """The methods in the order they run on one prompt: `cure bench`'s rule (cure_core.metrics.run_order: a
+    Williams design, or under "fixed" the listed order every prompt, hf_generate first)."""
+    return [methods[j] for j in order_of_runs(len(methods), prompt_index, order)]
 
 
 def summarize_methods(methods: Sequence[Method], results: list[dict]) -> dict:

@@ -94,3 +94,9 @@ def balanced_order(n: int, i: int) -> list[int]:
     if n % 2:
         rows += [row[::-1] for row in rows]
     return rows[i % len(rows)]
+
+
+def run_order(n: int, i: int, order: str) -> list[int]:
+    """The order n runs take on the i-th prompt under `order`: "balanced" (balanced_order) or "fixed" (the
+    listed order every prompt, as benchmarks ran before the option)."""
+    return balanced_order(n, i) if order == "balanced" else list(range(n))

@@ -22,7 +22,7 @@ from cure_core import records
 from cure_core.block import Block
 from cure_core.config import DecodeConfig
 from cure_core.errors import CureError
-from cure_core.metrics import balanced_order
+from cure_core.metrics import run_order
 from cure_core.options import parse_list  # noqa: F401 - the --strategies / --ablate lists
 
 PROGRESS_FILE = "progress.jsonl"
@@ -130,7 +130,7 @@ def interleave(prompts: Sequence[BenchPrompt], runs: Sequence[RunSpec], done: It
     runs before `--order` did); finished pairs skipped."""
     skip = set(done)
     for p in prompts:
-        for j in (balanced_order(len(runs), p.index) if order == "balanced" else range(len(runs))):
+        for j in run_order(len(runs), p.index, order):
             r = runs[j]
             if (p.index, r.name) not in skip:
                 yield p, r
