@@ -30,6 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import tree_shapes  # noqa: E402  (the records' own module: torch.load unpickles its Recorded)
 
+from cure_core.files import atomic_write_json  # noqa: E402
 from cure_core.budget import CostCurve, fit_calibration  # noqa: E402
 from cure_core.strategies import Table, best_first, path_nodes  # noqa: E402
 
@@ -152,7 +153,7 @@ def main(argv=None) -> dict:
                   f"past {args.budget} (gamma {rep['gamma']:.2f}) {rep['admission']['tok_s']:.3f} tok/s, tree "
                   f"{rep['admission']['tree']:.2f}: x{rep['vs_best_fixed']:.4f}")
     if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=2))
+        atomic_write_json(args.json, out, indent=2)
         print(f"wrote {args.json}")
     return out
 

@@ -22,7 +22,6 @@ on the machine's load, so this may run beside other work.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -32,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
+from cure_core.files import atomic_write_json  # noqa: E402
 from cure_core.options import EngineArgs, parse_list  # noqa: E402
 
 
@@ -117,11 +117,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         console.print(t)
     console.print(f"threads {out['threads']}, load average {out['load_average_start']} -> {out['load_average_end']}")
     if args.json:
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(out, indent=2))
-        tmp.replace(path)
+        atomic_write_json(args.json, out)
     return out
 
 

@@ -11,17 +11,16 @@ median ms of each, and their ratio. Nodes 1 is the control (both variants run tr
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import torch  # noqa: E402
 
+from cure_core.files import atomic_write_json  # noqa: E402
 from cure_core.attention import stock_sdpa  # noqa: E402
 from cure_core.embedded import DEFAULT_TARGET  # noqa: E402
 from cure_core.lm import CachedLM  # noqa: E402
@@ -92,9 +91,9 @@ def main(argv=None) -> list[dict]:
             print(f"{context:>8} {nodes:>6} {r['grouped_ms']:>11.1f} {r['sdpa_ms']:>9.1f} {r['sdpa_over_grouped']:>13.2f}",
                   flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps({"target": args.target, "threads": args.threads, "kernels": packed,
-                                               "load_average_end": list(os.getloadavg()), "reps": args.reps,
-                                               "rows": rows}, indent=2))
+        atomic_write_json(args.json, {"target": args.target, "threads": args.threads, "kernels": packed,
+                                      "load_average_end": list(os.getloadavg()), "reps": args.reps,
+                                      "rows": rows}, indent=2)
     return rows
 
 

@@ -20,7 +20,6 @@ Acceptance only (mean accepted tokens a block, tau - 1): speed comes from benchm
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -31,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from admission_replay import load_records  # noqa: E402
 from tree_shapes import accept  # noqa: E402
 
+from cure_core.files import atomic_write_json  # noqa: E402
 from cure_core.calibration import NodeCalibration  # noqa: E402
 from cure_core.strategies import Table, best_first, path_nodes  # noqa: E402
 
@@ -121,7 +121,7 @@ def main(argv=None) -> dict:
             print(f"    {s:24s} ddtree {d['ddtree']:.4f}  online {d['online']:.4f}"
                   + (f"  fitted {d['fitted']:.4f}" if "fitted" in d else ""))
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1))
+        atomic_write_json(args.json, report, indent=1)
     return report
 
 

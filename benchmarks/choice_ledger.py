@@ -27,6 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import peers  # noqa: E402
 
+from cure_core.files import atomic_write_json  # noqa: E402
 from cure_core import calibration, redraft_price  # noqa: E402
 
 
@@ -105,7 +106,7 @@ def main(argv=None) -> dict:
         if not name.startswith("_"):
             print(name, json.dumps(c))
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1))
+        atomic_write_json(args.json, report, indent=1)
     return report
 
 

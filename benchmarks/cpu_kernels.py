@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
 import platform
 import statistics
@@ -27,6 +26,7 @@ import torch  # noqa: E402
 
 from cure_core.cpu_kernels import pack_linears, unavailable_reason  # noqa: E402
 from cure_core.embedded import DEFAULT_TARGET  # noqa: E402
+from cure_core.files import atomic_write_json  # noqa: E402
 from cure_core.lm import CachedLM  # noqa: E402
 from cure_core.options import EngineArgs  # noqa: E402
 
@@ -116,11 +116,8 @@ def timing_args(doc: str) -> argparse.ArgumentParser:
 
 
 def write_json(path: Path, result: dict) -> None:
-    """`result` as JSON at `path`, whole or not at all (a temporary file renamed into place)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=1))
-    os.replace(tmp, path)
+    """`result` as JSON at `path`, whole or not at all (cure_core/files.py)."""
+    atomic_write_json(path, result, indent=1)
 
 
 if __name__ == "__main__":

@@ -28,14 +28,13 @@ skipped (recorded as such), so a lease that runs short still returns what was me
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
+from cure_core.files import atomic_write_json  # noqa: E402
 from cure_core.budget import measure_cost_curve
 from cure_core.config import STRATEGIES, DecodeConfig
 from cure_core.drafters.dflash import default_target_layer_ids
@@ -279,7 +278,7 @@ def main(argv=None) -> dict:
     def save() -> None:
         report["seconds"] = time.perf_counter() - t_start
         if args.out:
-            Path(args.out).write_text(json.dumps(report, indent=2))
+            atomic_write_json(args.out, report, indent=2)
 
     def stage(name: str, fn) -> None:
         """Run one stage unless past the deadline; record its error instead of losing the others."""

@@ -20,15 +20,14 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import random
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
+from cure_core.files import atomic_write_json  # noqa: E402
 from cure_core.config import DecodeConfig
 from cure_core.engine import Engine
 from cure_core.models import build_pair
@@ -176,10 +175,10 @@ def main(argv=None) -> list[dict]:
         print(f"{label('cure', d):22} {d['v_max']:>5} {d['rounds']:>4} rounds {d['median_ms']:>+7.2f} {d['mean_ms']:>+7.2f} "
               f"[{d['ci95_ms'][0]:+.2f}, {d['ci95_ms'][1]:+.2f}]")
     if args.json:
-        Path(args.json).write_text(json.dumps({"threads": args.threads, "kv_cache": args.kv_cache,
-                                               "drafter": args.drafter, "auto_budget": args.auto,
-                                               "load_average": list(os.getloadavg()), "rows": rows,
-                                               "paired_cure_minus_ddtree": diffs}, indent=2))
+        atomic_write_json(args.json, {"threads": args.threads, "kv_cache": args.kv_cache,
+                                      "drafter": args.drafter, "auto_budget": args.auto,
+                                      "load_average": list(os.getloadavg()), "rows": rows,
+                                      "paired_cure_minus_ddtree": diffs}, indent=2)
     return rows
 
 

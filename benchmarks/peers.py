@@ -31,7 +31,9 @@ transformers' loops run the same kernels as cure's; `--kernels eager` gives stoc
 
 `sd` and HF assisted use the chain drafter (`--ar-draft`, the target's default chain draft, or a PARD
 or AR `--draft`); parallel/cure/ddtree the block drafter (`--draft`, else the one shipped for the target,
-else the chain draft).
+else the chain draft), except that with no `--draft` cure repairs the chain draft's chains on a target
+that cure_core/defaults.py's CURE_OVER_CHAIN names (the 1.5B pair): `cure:draft=PATH` runs it over a
+block drafter there. Each cure method's settings record which it drafted with (`drafts`).
 
 Order: models load once; one warm-up generation per method (short, on the first prompt); then
 prompt-major interleaving (for each prompt, every method in turn) so machine drift and other
@@ -76,7 +78,6 @@ shared), else every core. The choice and its reason are printed and written to t
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
@@ -92,6 +93,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import torch  # noqa: E402
 
+from cure_core.files import atomic_write_json  # noqa: E402
 from cure_core.attention import stock_sdpa  # noqa: E402
 from cure_core.options import EngineArgs, parse_list  # noqa: E402
 from cure_core.metrics import ORDERS, run_order as order_of_runs  # noqa: E402
@@ -198,6 +200,7 @@ def load_setup(args) -> Setup:
                   "ar_draft": pair.names.get("ar_draft") or (pair.names.get("draft") if pair.ar_drafter else None),
                   "drafter": loaded.drafter_kind}
     models["kernels"] = loaded.kernels                # every method runs these same model objects
+    models["chain_strategies"] = sorted(pair.chain_strategies)   # the strategies that draft with ar_draft
     models["draft_vocab"] = loaded.draft_vocab
     models["draft_dtype"] = loaded.draft_dtype
     # the opened pair answers for its options' dtype (e.g. auto) and for the dtype that resolved to
@@ -356,7 +359,8 @@ def cure_method(strategy: str, engine, cfg, trace: bool = False, attention: str 
                 "k": c.k, "v_max": c.v_max, "auto_budget": c.auto_budget,
                 "blocks": block_records(blocks, c, views)}
 
-    settings = {**cfg.to_dict(), "attention": attention}
+    settings = {**cfg.to_dict(), "attention": attention,
+                "drafts": "chain" if cfg.strategy in engine.pair.chain_strategies else "block"}
     if draft_dtype is not None:
         settings["draft_dtype"] = draft_dtype
     if draft is not None:
@@ -585,7 +589,8 @@ def parse_args(argv: Sequence[str] | None):
     ap.add_argument("--tiny", action="store_true", help="in-process tiny random models (fast smoke run)")
     ap.add_argument("--trace-tuner", action="store_true",
                     help="record, per block, the budget tuner's view before its choice (rates per candidate budget)")
-    ap.add_argument("--json", default=None, metavar="OUT.json")
+    ap.add_argument("--json", default=None, metavar="OUT.json",
+                    help="write the report here (its folder is made; written whole or not at all)")
     ap.add_argument("--quiet", action="store_true", help="no per-generation progress lines")
     ap.add_argument("--order", choices=ORDERS, default="balanced",
                     help="methods' order within a prompt: balanced (a Williams design: each method in each "
@@ -595,6 +600,15 @@ def parse_args(argv: Sequence[str] | None):
     args = ap.parse_args(argv)
     if args.limit < 1 or args.max_new_tokens < 1:
         ap.error("--limit and --max-new-tokens must be >= 1")
+    if args.json:
+        # before an hour of generations, not after: the report's folder must be there and writable
+        out = Path(args.json)
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            ap.error(f"--json {args.json}: cannot make its folder ({e.strerror})")
+        if out.is_dir() or not os.access(out.parent, os.W_OK):
+            ap.error(f"--json {args.json}: not a writable file path")
     return args
 
 
@@ -691,7 +705,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "results": results,
     })
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2))
+        atomic_write_json(args.json, report, indent=2)
         console.print(f"wrote {args.json}")
     if setup.tmpdir is not None:
         setup.tmpdir.cleanup()

@@ -29,7 +29,6 @@ output ended is counted and reported as censored.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import tempfile
@@ -38,6 +37,7 @@ from pathlib import Path
 
 import torch
 
+from cure_core.files import atomic_write_json  # noqa: E402
 from cure_core.config import DecodeConfig
 from cure_core.drafters.base import Proposal, proposals
 from cure_core.options import EngineArgs, parse_list
@@ -381,7 +381,7 @@ def main(argv=None) -> dict:
         for j, v in enumerate(budgets):
             print(f"{v:<7}" + "".join(f"{rep['drafted'][name][j]:20.3f}" for name in rep["drafted"]))
     if args.json:
-        Path(args.json).write_text(json.dumps(rep, indent=2))
+        atomic_write_json(args.json, rep, indent=2)
         print(f"wrote {args.json}")
     return rep
 

@@ -12,13 +12,12 @@ generation); negative when the probe happened to pay. Reported as a share of dec
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-from pathlib import Path
 
 import torch
 
+from cure_core.files import atomic_write_json  # noqa: E402
 from cure_core.options import EngineArgs, parse_list
 
 
@@ -68,7 +67,7 @@ def main(argv=None) -> dict:
     print(f"warm-up + exploration: {100 * total:.1f}% of decode time over {len(rows)} answers "
           f"(median {100 * rep['share_median']:.1f}%)")
     if args.json:
-        Path(args.json).write_text(json.dumps(rep, indent=2))
+        atomic_write_json(args.json, rep, indent=2)
     return rep
 
 

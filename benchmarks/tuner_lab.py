@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import statistics
 import sys
@@ -47,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from cure_core.files import atomic_write_json  # noqa: E402
 from cure_core.block import Block, Timings  # noqa: E402
 from cure_core.budget import BudgetTuner  # noqa: E402
 from cure_core.options import EngineArgs, parse_list  # noqa: E402
@@ -260,7 +260,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
               "threads": args.threads, "load_average": list(os.getloadavg()),
               "wall_s": time.perf_counter() - t0, "summary": summary, "runs": rows, "fixed": fixed}
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2))
+        atomic_write_json(args.json, report, indent=2)
         print(f"wrote {args.json}")
     return report
 

@@ -368,7 +368,7 @@ def bench(
             output_dir = _latest_run_dir() if resume else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
         models = {"target": pair.names.get("target"), "draft": pair.names.get("draft"),
                   "ar_draft": pair.names.get("ar_draft"), "drafter": args.drafter, "drafter_kind": m.pair.drafter_kind,
-                  "mask_token_id": args.mask_token_id}
+                  "chain_strategies": sorted(pair.chain_strategies), "mask_token_id": args.mask_token_id}
         fingerprint = {"dataset": p.dataset, "data_path": str(p.data) if p.data else None, "models": models,
                        "device": args.device, "dtype": args.dtype, "draft_dtype": m.pair.draft_dtype,
                        "device_map": args.device_map, "chat": m.chat,

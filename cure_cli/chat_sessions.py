@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Sequence
 
 from cure_core.block import Block
 from cure_core.errors import CureError
+from cure_core.files import atomic_write_text
 from cure_core.metrics import summarize
 
 SCHEMA = 1
@@ -46,21 +46,6 @@ def sessions_dir() -> Path:
 def new_id() -> str:
     """Sortable by start time, unique across two chats started in the same second."""
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
-
-
-def write_atomic(path: Path, text: str) -> Path:
-    """Write `text` to a temporary file beside `path`, then rename it into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
 
 
 def turn_stats(blocks: Sequence[Block]) -> dict:
@@ -122,7 +107,7 @@ class ChatSession:
 
     def save(self) -> Path:
         self.updated = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        return write_atomic(self.path, json.dumps(self.to_dict(), indent=1, ensure_ascii=False) + "\n")
+        return atomic_write_text(self.path, json.dumps(self.to_dict(), indent=1, ensure_ascii=False) + "\n")
 
     @staticmethod
     def load(path: Path) -> "ChatSession":

@@ -39,7 +39,7 @@ def open_pair(args: EngineArgs, strategies: Sequence[str] | None = None,
     Rules: `args.strategy`, when it cannot run with the default models, falls back to 'ar' with a note
     (an explicit `draft` that fails to load is an error, never a fallback); of several strategies, the
     ones that cannot run are named in a note, and a default chain draft that is not installed only
-    removes 'sd'."""
+    removes the strategies that draft with it ('sd', and 'cure' where it repairs the chain)."""
     wanted = list(strategies) if strategies is not None else [args.strategy]
     bad = [s for s in wanted if s not in STRATEGIES]
     if bad:
@@ -64,13 +64,21 @@ def open_pair(args: EngineArgs, strategies: Sequence[str] | None = None,
     try:
         loaded = load_with(choice.ar_draft)
     except ModelLoadError as e:
-        # Rule: a default chain draft that is missing costs 'sd' only, and only when others can run.
-        if choice.ar_draft is None or choice.ar_draft_given or wanted == ["sd"]:
+        # Rule: a default chain draft that is missing costs only the strategies that draft with it, and only
+        # when others can run.
+        lost = sorted(choice.chain_strategies & set(wanted))
+        if choice.ar_draft is None or choice.ar_draft_given or set(wanted) <= set(lost):
             raise
         loaded = load_with(None)
-        notes.append(f"the default chain draft {choice.ar_draft!r} is unavailable ({e}); 'sd' cannot run")
+        notes.append(f"the default chain draft {choice.ar_draft!r} is unavailable ({e}); "
+                     f"{' and '.join(repr(s) for s in lost)} cannot run")
+    loaded.pair.chain_strategies = choice.chain_strategies
+    if "cure" in choice.chain_strategies and "cure" in wanted and loaded.pair.ar_drafter is not None:
+        notes.append(f"cure repairs the chain draft {choice.ar_draft or choice.draft}"
+                     f"'s chains on {choice.target} (cure_core/defaults.py); `draft` names a block drafter for it")
     drafter = loaded.pair.drafter or loaded.pair.ar_drafter
-    block_size = getattr(drafter, "block_size", None)
+    # Rule: K is the block drafter's trained K; a repaired chain with no block drafter gives its own.
+    block_size = getattr(drafter, "block_size", None) or choice.chain_k
     loaded.config = args.decode_config(block_size).with_(strategy=strategy)
     loaded.chat = args.chat
     # Rule (cure_core/thinking.py): thinking follows the drafter's declaration, off for DFlash by default.

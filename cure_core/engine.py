@@ -39,6 +39,7 @@ class ModelPair:
     target: torch.nn.Module                 # HF causal LM
     drafter: Drafter | None = None          # block drafter (parallel / cure / ddtree)
     ar_drafter: Drafter | None = None       # autoregressive draft model (sd)
+    chain_strategies: frozenset[str] = frozenset({"sd"})   # the strategies that draft with ar_drafter
     eos_ids: tuple[int, ...] = ()
     max_context: int | None = None          # None: the target config's max_position_embeddings
     names: dict = field(default_factory=dict)   # "target"/"draft"/"ar_draft" -> model id, for traces
@@ -52,9 +53,12 @@ class ModelPair:
     def drafter_for(self, strategy: str) -> Drafter | None:
         if strategy == "ar":
             return None
-        if strategy == "sd":
+        # Rule: sd drafts chains; a strategy in chain_strategies besides it (cure over the chain draft on a
+        # target that repairs chains better than it drafts blocks: defaults.CURE_OVER_CHAIN) does too.
+        if strategy in self.chain_strategies:
             if self.ar_drafter is None:
-                raise ConfigError("strategy 'sd' needs an autoregressive draft model (`ar_draft`, or a PARD or AR `draft`)")
+                raise ConfigError(f"strategy {strategy!r} needs an autoregressive draft model here "
+                                  f"(`ar_draft`, or a PARD or AR `draft`)")
             return self.ar_drafter
         if self.drafter is None:
             raise ConfigError(f"strategy {strategy!r} needs a block-parallel drafter (`draft`)")

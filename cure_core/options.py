@@ -36,13 +36,14 @@ class EngineArgs:
         "Target model: HF id, local folder or embedded alias (see `cure models`). Default: the embedded default."))
     draft: str | None = _opt("--draft", "-d", default=None, kind=str, help=(
         "Block-parallel drafter (or an AR draft with --drafter ar): HF id, folder or alias. Default: the drafter "
-        "shipped for the target, if any."))
+        "shipped for the target, if any; where a target's chain draft served cure better (e.g. qwen-coder-1.5b), "
+        "cure repairs that chain (--ar-draft) instead."))
     drafter: str = _opt("--drafter", default="auto", help="Drafter kind: auto (from the checkpoint's config), pard, dflash, ar.")
     mask_token_id: int | None = _opt("--mask-token-id", default=None, kind=int, help=(
         "PARD mask token id (default: the checkpoint's pard_token)."))
     ar_draft: str | None = _opt("--ar-draft", default=None, kind=str, help=(
-        "Autoregressive draft model for 'sd' (default: the target's chain draft, e.g. qwen-coder-0.5b for "
-        "qwen-coder-1.5b; a PARD or AR --draft doubles as one)."))
+        "Autoregressive draft model for 'sd', and for cure where it repairs chains (default: the target's chain "
+        "draft, e.g. qwen-coder-0.5b for qwen-coder-1.5b; a PARD or AR --draft doubles as one)."))
     # --- decoding ---
     strategy: str = _opt("--strategy", "-s", default="cure", help="ar | sd | parallel | cure | ddtree")
     max_new_tokens: int = _opt("--max-new-tokens", "-n", default=256, help="Tokens to generate at most.")

@@ -54,6 +54,33 @@ def test_a_strategy_without_its_drafter_falls_back_to_ar_with_a_note(tiny_dirs):
     assert model.pair.drafter is None                     # nothing loaded that will not run
 
 
+def test_cure_repairs_the_chain_draft_where_the_defaults_say_so(tiny_dirs, monkeypatch):
+    """defaults.CURE_OVER_CHAIN (the 1.5B pair's rule) on a tiny folder: cure alone loads the chain draft only,
+    at the rule's K, says so in a note, drafts with the chain and decodes exactly as ar; with every strategy,
+    parallel and ddtree draft blocks while cure and sd draft chains."""
+    from cure_core import defaults
+    t, d = tiny_dirs
+    monkeypatch.setitem(defaults.AR_DRAFT_FOR, str(t), str(d))
+    monkeypatch.setitem(defaults.CURE_OVER_CHAIN, str(t), 4)
+    ar = load(target=str(t), strategy="ar").generate("def f(x):", max_new_tokens=20)
+    model = load(target=str(t), strategy="cure")
+    assert model.pair.drafter is None and model.pair.ar_drafter is not None and model.config.k == 4
+    assert model.engine.pair.drafter_for("cure") is model.pair.ar_drafter
+    assert any("cure repairs the chain draft" in n for n in model.notes)
+    out = model.generate("def f(x):", max_new_tokens=20)
+    assert out.token_ids == ar.token_ids and out.stats.tau > 1.0
+    from cure_core.api import open_pair
+    every = open_pair(EngineArgs(target=str(t), strategy="cure"), strategies=["ar", "sd", "parallel", "cure", "ddtree"])
+    pair = every.engine.pair
+    assert pair.drafter is not None and pair.ar_drafter is not None and pair.drafter is not pair.ar_drafter
+    assert [pair.drafter_for(s) is pair.ar_drafter for s in ("sd", "cure", "parallel", "ddtree")] == [True, True, False, False]
+    for s in ("cure", "ddtree", "parallel"):
+        assert every.generate("def f(x):", max_new_tokens=20, strategy=s).token_ids == ar.token_ids, s
+    # a named draft: every block strategy drafts with it, cure too
+    named = load(target=str(t), draft=str(d), strategy="cure")
+    assert named.engine.pair.drafter_for("cure") is named.pair.drafter
+
+
 def test_a_chat_of_three_turns_keeps_one_tuner(tiny_dirs):
     from cure_cli.tui.engine_protocol import ModelEngine
     t, d = tiny_dirs

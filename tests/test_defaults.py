@@ -2,7 +2,7 @@
 assets/drafters/ are the block strategies' defaults, the chain draft stays sd's (#14 item 1)."""
 import json
 
-from cure_core.defaults import ASSETS, AR_DRAFT_FOR, choose_models, shipped_drafter
+from cure_core.defaults import ASSETS, AR_DRAFT_FOR, CURE_OVER_CHAIN, choose_models, shipped_drafter
 from cure_core.drafters.adapted import adapter_config, is_adapted_checkpoint
 from cure_core.drafters.card import read_card
 from cure_core.embedded import DEFAULT_TARGET
@@ -16,18 +16,32 @@ def test_the_15b_alias_drafts_blocks_with_its_shipped_pard_adapter_and_chains_wi
     c = choose_models("qwen-coder-1.5b", None, None, ALL)
     assert (c.draft, c.ar_draft, c.unavailable) == (shipped, AR_DRAFT_FOR["qwen-coder-1.5b"], {})
     assert c.ar_draft == "qwen-coder-0.5b"
+    # cure repairs the chain draft's chains on this target; parallel and ddtree keep the shipped drafter
+    assert c.chain_strategies == {"sd", "cure"} and c.chain_k == CURE_OVER_CHAIN["qwen-coder-1.5b"] == 8
     # sd alone loads no block drafter; ar alone loads nothing but the target
     assert choose_models("qwen-coder-1.5b", None, None, ["sd"]).draft is None
     assert choose_models("qwen-coder-1.5b", None, None, ["ar"]).ar_draft is None
+    # cure alone loads the chain draft only, at the K it was measured at; parallel alone no chain draft
+    c = choose_models("qwen-coder-1.5b", None, None, ["cure"])
+    assert (c.draft, c.ar_draft, c.unavailable, c.chain_k) == (None, "qwen-coder-0.5b", {}, 8)
+    c = choose_models("qwen-coder-1.5b", None, None, ["parallel", "ddtree"])
+    assert (c.draft, c.ar_draft, c.chain_strategies) == (shipped, None, {"sd"})
     # a named draft wins: the chain draft is one --draft away, and then doubles as sd's
     c = choose_models("qwen-coder-1.5b", "qwen-coder-0.5b", None, ALL)
     assert (c.draft, c.ar_draft) == ("qwen-coder-0.5b", None)
+    # ... and every block strategy, cure too, drafts with a named draft (the shipped PARD is one path away)
+    c = choose_models("qwen-coder-1.5b", shipped, None, ALL)
+    assert (c.draft, c.ar_draft, c.chain_strategies, c.chain_k) == (shipped, "qwen-coder-0.5b", {"sd"}, None)
+    # a named chain draft is the one cure repairs
+    c = choose_models("qwen-coder-1.5b", None, "some/other-chain", ["cure"])
+    assert (c.draft, c.ar_draft, c.chain_strategies) == (None, "some/other-chain", {"sd", "cure"})
 
 
 def test_the_default_target_keeps_its_dflash_drafter_and_has_no_chain_draft():
     c = choose_models(None, None, None, ALL)
     assert c.target == DEFAULT_TARGET and c.draft == shipped_drafter(DEFAULT_TARGET)
     assert c.ar_draft is None                                   # the 0.5B has no chain draft of its own
+    assert c.chain_strategies == {"sd"} and c.chain_k is None   # cure repairs the DFlash drafter's blocks
     # a target alias with no shipped drafter and no chain draft: block strategies say why, nothing loads
     c = choose_models("smollm2-135m", None, None, ALL)
     assert c.draft is None and set(c.unavailable) == {"parallel", "cure", "ddtree", "sd"}

@@ -61,12 +61,15 @@ prompts = st.lists(st.integers(0, 255), min_size=1, max_size=24)
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(prompt=prompts, conf=configs(), noise=st.sampled_from(["mild", "strong"]))
 def test_every_strategy_equals_ar(target, drafts, prompt, conf, noise):
-    """60 examples x 4 speculative strategies = 240 (prompt, config) cases against ar (which always
-    runs on transformers' DynamicCache: the static cache must not change a token either)."""
+    """60 examples x 5 speculative runs (cure over the block drafter and over the chain) = 300 (prompt,
+    config) cases against ar (which always runs on transformers' DynamicCache: the static cache must not
+    change a token either)."""
     pair = make_pair(target, drafts[noise])
+    # cure again over the chain drafter (ModelPair.chain_strategies, as defaults.CURE_OVER_CHAIN sets it)
+    chained = dataclasses.replace(pair, chain_strategies=frozenset({"sd", "cure"}))
     ref, _ = run(pair, DecodeConfig(strategy="ar", **dict(conf, kv_cache="dynamic")), prompt)
-    for strategy in SPECULATIVE:
-        out, blocks = run(pair, DecodeConfig(strategy=strategy, **conf), prompt)
+    for strategy, on in [(s, pair) for s in SPECULATIVE] + [("cure", chained)]:
+        out, blocks = run(on, DecodeConfig(strategy=strategy, **conf), prompt)
         assert out == ref, f"{strategy} diverged from ar with {conf}"
         assert all(b.tree_size <= conf["v_max"] for b in blocks)
         if conf["auto_budget"]:

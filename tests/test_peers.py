@@ -190,3 +190,25 @@ def test_results_record_where_each_method_ran(report):
         assert [r["method"] for r in rs] == HF + CURE                        # listed order in the JSON
         assert sorted(r["run_position"] for r in rs) == list(range(len(HF + CURE)))
     assert by_prompt[0][0]["run_position"] == 0 and by_prompt[1][0]["run_position"] != 0   # the reference moved
+
+
+def test_the_report_path_is_checked_before_any_model_loads_and_written_whole(peers, tmp_path, capsys):
+    """--json: a folder that does not exist yet is made (the report used to fail only after the whole run);
+    a path that cannot be written is one line, exit 2, before loading; the report is never half written;
+    each cure method records which drafter it drafted with."""
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(SystemExit) as e:
+        peers.main(["--tiny", "--json", str(blocker / "out.json")])
+    assert e.value.code == 2 and "--json" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        peers.main(["--tiny", "--json", str(tmp_path)])           # a folder, not a file
+    assert e.value.code == 2
+    out = tmp_path / "new" / "deeper" / "p.json"
+    ret = peers.main(["--tiny", "--limit", "1", "--max-new-tokens", "4", "--k", "4", "--threads", "1", "--hf", "",
+                      "--strategies", "sd,cure", "--warmup-tokens", "0", "--quiet", "--json", str(out)])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(ret))
+    assert [p.name for p in out.parent.iterdir()] == ["p.json"]   # no temporary file left beside it
+    drafts = {m["name"]: m["settings"]["drafts"] for m in ret["methods"] if m["kind"] == "cure"}
+    assert drafts == {"cure_sd": "chain", "cure_cure": "block"}
+    assert ret["models"]["chain_strategies"] == ["sd"]

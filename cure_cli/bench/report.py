@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Sequence
@@ -11,18 +10,14 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from cure_core.files import atomic_write_text
+
 from .runner import PairResult, RunSpec
 
 RESULTS_SCHEMA = 1
 RESULTS_FILE = "results.json"
 SAMPLES_FILE = "samples.jsonl"
 TRACE_FILE = "trace.jsonl"
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.part")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def per_prompt_rows(pairs: Sequence[PairResult]) -> list[dict]:
@@ -69,10 +64,10 @@ def summary(results: dict) -> dict:
 
 def write_outputs(out_dir: Path, results: dict, pairs: Sequence[PairResult]) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
-    _write_atomic(out_dir / RESULTS_FILE, json.dumps(results, indent=2) + "\n")
+    atomic_write_text(out_dir / RESULTS_FILE, json.dumps(results, indent=2) + "\n")
     lines = [json.dumps({"task_id": p.task_id, "completion": p.completion, "strategy": p.run})
              for p in sorted(pairs, key=lambda x: (x.prompt_index, x.run))]
-    _write_atomic(out_dir / SAMPLES_FILE, "".join(line + "\n" for line in lines))
+    atomic_write_text(out_dir / SAMPLES_FILE, "".join(line + "\n" for line in lines))
 
 
 # ---------------------------------------------------------------- tables

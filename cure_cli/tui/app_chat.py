@@ -28,8 +28,9 @@ from textual.widgets import Button, Footer, Input, Label, Select, Static
 from cure_core.block import Block
 from cure_core.config import STRATEGIES, DecodeConfig
 from cure_core.errors import CureError, TraceError
+from cure_core.files import atomic_write_text
 
-from ..chat_sessions import ChatSession, TurnRecord, new_id, to_markdown, write_atomic
+from ..chat_sessions import ChatSession, TurnRecord, new_id, to_markdown
 from .engine_protocol import ChatEngine
 from .messages import (BlockBuffer, BlocksReady, CalibrationDone, CompareFinished, CompareProgress, TurnFinished,
                        TurnStarted)
@@ -701,7 +702,7 @@ class ChatApp(App):
         rec = self._sync_record()
         path = (self.export_dir or Path.cwd()) / f"cure-chat-{rec.id}.md"
         try:
-            write_atomic(path, to_markdown(rec))
+            atomic_write_text(path, to_markdown(rec))
         except OSError as e:
             self.notify(f"could not export: {error_line(e)}", severity="error")
             return

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ..drafters.adapted import ADAPTER_FILE, ADAPTER_KEY, ARCHITECTURE
-from .io import atomic_save_safetensors, atomic_write_json
+from ..files import atomic_save_safetensors, atomic_write_json
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 

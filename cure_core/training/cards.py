@@ -8,7 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ..drafters.card import CARD_JSON, TauRow
-from .io import atomic_write_json, atomic_write_text
+from ..files import atomic_write_json, atomic_write_text
 
 CARD_MD = "MODEL_CARD.md"
 BEGIN = "<!-- training stretches: written by cure train-drafter -->"

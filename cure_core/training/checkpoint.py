@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from .io import atomic_write_json
+from ..files import atomic_write_json
 
 SHARD_BYTES = 45 << 20          # < 60 MB a commit, with room for the corpus and the cards
 STATE = "state.json"

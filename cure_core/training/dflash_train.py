@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from ..drafters.dflash import DFlashModel
 from .features import FeatureSet
-from .io import atomic_save_safetensors, atomic_write_json
+from ..files import atomic_save_safetensors, atomic_write_json
 
 
 def draft_config_dict(target_config, layer_ids, n_layers: int, block_size: int, mask_token_id: int,

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from .corpus import Doc
-from .io import atomic_write_text
+from ..files import atomic_write_text
 from .prompt_mix import PromptSpec
 
 

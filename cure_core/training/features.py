@@ -21,7 +21,7 @@ from typing import Sequence
 
 import torch
 
-from .io import atomic_save_safetensors, atomic_write_json
+from ..files import atomic_save_safetensors, atomic_write_json
 
 SHARD_CHUNKS = 32
 

@@ -15,7 +15,7 @@ from ..drafters.card import TauRow
 from ..errors import CureError
 from .cards import EVAL_SOURCE, write_cards
 from .checkpoint import read_state
-from .io import atomic_write_json
+from ..files import atomic_write_json
 from .features import DonorError, check_donor
 from .prepare import DataSpec, default_layer_ids, prepare_features
 from .prompt_mix import MIXES
