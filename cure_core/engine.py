@@ -39,10 +39,10 @@ class ModelPair:
     target: torch.nn.Module                 # HF causal LM
     drafter: Drafter | None = None          # block drafter (parallel / cure / ddtree)
     ar_drafter: Drafter | None = None       # autoregressive draft model (sd)
-    chain_strategies: frozenset[str] = frozenset({"sd"})   # the strategies that draft with ar_drafter
     eos_ids: tuple[int, ...] = ()
     max_context: int | None = None          # None: the target config's max_position_embeddings
     names: dict = field(default_factory=dict)   # "target"/"draft"/"ar_draft" -> model id, for traces
+    chain_strategies: frozenset[str] = frozenset({"sd"})   # the strategies that draft with ar_drafter
 
     @property
     def context_limit(self) -> int:

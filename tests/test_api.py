@@ -67,6 +67,8 @@ def test_cure_repairs_the_chain_draft_where_the_defaults_say_so(tiny_dirs, monke
     assert model.pair.drafter is None and model.pair.ar_drafter is not None and model.config.k == 4
     assert model.engine.pair.drafter_for("cure") is model.pair.ar_drafter
     assert any("cure repairs the chain draft" in n for n in model.notes)
+    from cure_cli.tui.engine_protocol import ModelEngine
+    assert ModelEngine(model).label == f"{t} ← {d} (cure repairs its chains)"      # what chat's header shows
     out = model.generate("def f(x):", max_new_tokens=20)
     assert out.token_ids == ar.token_ids and out.stats.tau > 1.0
     from cure_core.api import open_pair

@@ -59,7 +59,11 @@ class ModelEngine:
         self.tokens = TokenText(tok)
         self.models = dict(self.pair.names)
         names = self.pair.names
-        self.label = names.get("target", "target") + (f" ← {names['draft']}" if names.get("draft") else "")
+        label = names.get("target", "target") + (f" ← {names['draft']}" if names.get("draft") else "")
+        if "cure" in self.pair.chain_strategies and names.get("ar_draft"):     # defaults.CURE_OVER_CHAIN
+            label += (f" (cure repairs {names['ar_draft']})" if names.get("draft")
+                      else f" ← {names['ar_draft']} (cure repairs its chains)")
+        self.label = label
         self.calibration_prompt = calibration_prompt
         self.calibration_note = "measured at start-up"
         self.thinking = getattr(loaded, "thinking", None)
