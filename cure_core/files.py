@@ -3,32 +3,39 @@ chat): each is written to a temporary file beside its path, then renamed into pl
 owner of that rule for the core, the CLI and the benchmark scripts."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import secrets
+import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 if TYPE_CHECKING:
     import torch
 
 
-
-def _tmp(path: Path) -> Path:
-    return path.with_name(f".{path.name}.tmp{os.getpid()}")
-
-
-def atomic_write_text(path: str | Path, text: str) -> Path:
-    """`text` at `path` (its folders made), whole or not at all; the temporary file never outlives a failure."""
+@contextlib.contextmanager
+def _replacing(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path beside `path` (its folders made) to write; on success rename it onto `path`,
+    on any failure remove it. The name is unique per call (pid, thread, random), so two writers of one path,
+    in two processes or two threads (a chat saved from its worker while the app saves it), never share it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}-{secrets.token_hex(3)}.part")
     try:
-        tmp.write_text(text, encoding="utf-8")
+        yield tmp
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    return path
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    """`text` at `path` (its folders made), whole or not at all."""
+    with _replacing(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return Path(path)
 
 
 def atomic_write_json(path: str | Path, obj, indent: int = 2) -> Path:
@@ -37,17 +44,11 @@ def atomic_write_json(path: str | Path, obj, indent: int = 2) -> Path:
 
 def atomic_torch_save(path: str | Path, obj) -> None:
     import torch
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp(path)
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    with _replacing(path) as tmp:
+        torch.save(obj, tmp)
 
 
 def atomic_save_safetensors(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict | None = None) -> None:
     from safetensors.torch import save_file
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp(path)
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata or {"format": "pt"})
-    os.replace(tmp, path)
+    with _replacing(path) as tmp:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata or {"format": "pt"})
