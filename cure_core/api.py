@@ -73,7 +73,7 @@ def open_pair(args: EngineArgs, strategies: Sequence[str] | None = None,
         notes.append(f"the default chain draft {choice.ar_draft!r} is unavailable ({e}); "
                      f"{' and '.join(repr(s) for s in lost)} cannot run")
     loaded.pair.chain_strategies = choice.chain_strategies
-    if "cure" in choice.chain_strategies and "cure" in wanted and loaded.pair.ar_drafter is not None:
+    if "cure" in choice.chain_strategies and loaded.pair.ar_drafter is not None:
         notes.append(f"cure repairs the chain draft {choice.ar_draft or choice.draft}"
                      f"'s chains on {choice.target} (cure_core/defaults.py); `draft` names a block drafter for it")
     drafter = loaded.pair.drafter or loaded.pair.ar_drafter

@@ -22,7 +22,7 @@ What the export changes (each is listed in the result's notes):
     target's are used); vLLM would otherwise treat them as the drafter's own.
 Settings vLLM has no equivalent for (input_embedding_scale != 1, final_logit_softcapping) refuse.
 
-Rule: nothing half-written. The folder is built under a temporary name next to OUT and renamed into
+Rule: nothing half-written (files.replacing_folder). The folder is built under a temporary name next to OUT and renamed into
 place once complete; a failure removes the temporary folder.
 """
 from __future__ import annotations
@@ -39,6 +39,7 @@ from .drafters.adapted import is_adapted_checkpoint
 from .drafters.dflash import (DEFAULT_BLOCK_SIZE, DFlashModel, _cfg_get, _check_config, _load_state_dict,
                               default_target_layer_ids, read_config)
 from .errors import CureError, ModelLoadError
+from .files import replacing_folder
 
 # drafter kind -> what serves it in vLLM
 VLLM_KINDS = {"dflash": "vLLM's built-in DFlash speculative method ({\"method\": \"dflash\"})"}
@@ -276,30 +277,18 @@ def export_vllm(drafter: str, out: str | Path, dtype: str | None = None, overwri
                             "so it may propose its mask token, which ours never does"
                             + (f"; its draft_vocab ({result.draft_vocab.numel()} ids) is dropped"
                                if result.draft_vocab is not None else ""))
-    tmp = out.parent / f".{out.name}.tmp{os.getpid()}"
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        save_file({k: v.contiguous() for k, v in state.items()}, str(tmp / "model.safetensors"),
-                  metadata={"format": "pt"})
-        os.chmod(tmp / "model.safetensors", 0o644)
-        (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-        for name in TOKENIZER_FILES:
-            if (src / name).is_file():
-                shutil.copy2(src / name, tmp / name)
-        note = {"source": str(src), "kind": kind, "served_by": VLLM_KINDS[kind], "head_from": result.head,
-                "speculative_config": result.speculative_config(), "notes": result.notes}
-        (tmp / EXPORT_NOTE_FILE).write_text(json.dumps(note, indent=2) + "\n")
-        if out.exists():
-            old = out.parent / f".{out.name}.old{os.getpid()}"
-            os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
+        with replacing_folder(out) as tmp:
+            save_file({k: v.contiguous() for k, v in state.items()}, str(tmp / "model.safetensors"),
+                      metadata={"format": "pt"})
+            os.chmod(tmp / "model.safetensors", 0o644)
+            (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+            for name in TOKENIZER_FILES:
+                if (src / name).is_file():
+                    shutil.copy2(src / name, tmp / name)
+            note = {"source": str(src), "kind": kind, "served_by": VLLM_KINDS[kind], "head_from": result.head,
+                    "speculative_config": result.speculative_config(), "notes": result.notes}
+            (tmp / EXPORT_NOTE_FILE).write_text(json.dumps(note, indent=2) + "\n")
     except OSError as e:
         raise ExportError(f"cannot write {out}: {e.strerror or e}") from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return result

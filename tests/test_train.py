@@ -201,3 +201,17 @@ def test_pard_can_train_its_embeddings(setup, tmp_path):
     mine = AutoModelForCausalLM.from_pretrained(out).get_input_embeddings().weight
     theirs = AutoModelForCausalLM.from_pretrained(setup / "target").get_input_embeddings().weight
     assert not torch.equal(mine, theirs)
+
+
+def test_publish_copies_the_drafters_top_level_files_whole(tmp_path):
+    from cure_core.training.run import publish
+    out, dest = tmp_path / "run", tmp_path / "assets" / "drafter"
+    (out / "checkpoint").mkdir(parents=True)
+    for name, text in [("model.safetensors", "w"), ("config.json", "{}"), ("train.json", "t"), ("eval.json", "e"),
+                       (".hidden", "h"), ("checkpoint/state.json", "s")]:
+        (out / name).write_text(text)
+    (dest).mkdir(parents=True)
+    (dest / "config.json").write_text("old")
+    publish(out, dest)
+    assert sorted(p.name for p in dest.iterdir()) == ["config.json", "model.safetensors"]   # nothing else, no .part
+    assert (dest / "config.json").read_text() == "{}"

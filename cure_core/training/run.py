@@ -309,14 +309,11 @@ def run(opts: RunOptions, progress_factory: Callable, log: Callable = print) -> 
 def publish(out: Path, dest: Path) -> None:
     """Copy a trained drafter (the top-level files of OUT: weights, config, cards) into `dest`; the
     checkpoint, features and corpus folders stay in OUT. Each file lands atomically."""
-    import os
-    import shutil
+    from ..files import atomic_copy
     dest.mkdir(parents=True, exist_ok=True)
     for f in sorted(out.iterdir()):
         if f.is_file() and not f.name.startswith(".") and f.name not in ("train.json", "eval.json"):
-            tmp = dest / f".{f.name}.tmp{os.getpid()}"
-            shutil.copyfile(f, tmp)
-            os.replace(tmp, dest / f.name)
+            atomic_copy(f, dest / f.name)
 
 
 def load_json(path: Path) -> dict:
