@@ -52,7 +52,11 @@ def replacing_folder(path: str | Path) -> Iterator[Path]:
         if path.exists():
             old = _unique(path, "old")
             os.replace(path, old)
-            os.replace(tmp, path)
+            try:
+                os.replace(tmp, path)
+            except BaseException:
+                os.replace(old, path)                       # the old folder goes back where it was
+                raise
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, path)

@@ -69,3 +69,22 @@ def test_a_folder_is_swapped_whole_or_left_as_it_was(tmp_path):
     with replacing_folder(out) as tmp:
         (tmp / "model.safetensors").write_text("v2")
     assert names(out) == ["model.safetensors"] and names(tmp_path) == ["export"]   # old contents gone
+
+
+def test_a_failed_swap_puts_the_old_folder_back(tmp_path, monkeypatch):
+    import os as _os
+    import cure_core.files as files
+    out = tmp_path / "export"
+    with replacing_folder(out) as tmp:
+        (tmp / "config.json").write_text("v1")
+    real = _os.replace
+
+    def second_fails(src, dst):                 # moving the old folder aside works, moving the new one in fails
+        if ".part" in str(src):
+            raise OSError(18, "Invalid cross-device link")
+        real(src, dst)
+    monkeypatch.setattr(files.os, "replace", second_fails)
+    with pytest.raises(OSError):
+        with replacing_folder(out) as tmp:
+            (tmp / "config.json").write_text("v2")
+    assert names(tmp_path) == ["export"] and (out / "config.json").read_text() == "v1"
