@@ -22,8 +22,8 @@ What the export changes (each is listed in the result's notes):
     target's are used); vLLM would otherwise treat them as the drafter's own.
 Settings vLLM has no equivalent for (input_embedding_scale != 1, final_logit_softcapping) refuse.
 
-Rule: nothing half-written (files.replacing_folder). The folder is built under a temporary name next to OUT and renamed into
-place once complete; a failure removes the temporary folder.
+Rule: nothing half-written (files.replacing_folder). The folder is built under a temporary name next to OUT
+and renamed into place once complete; a failure removes the temporary folder.
 """
 from __future__ import annotations
 
