@@ -15,7 +15,7 @@ import torch
 
 from .block import Block
 from .config import DecodeConfig
-from .cpu_kernels import KERNELS, bf16_kernels, pack_linears, resolve_kernels
+from .cpu_kernels import KERNELS, bf16_kernels, int8_kernels, pack_linears, resolve_kernels, unavailable_reason
 from .drafters.adapted import is_adapted_checkpoint, load_adapted
 from .drafters.causal import ArDrafter, PardDrafter
 from .drafters.dflash import DFlashModel, drafter_from_model, is_dflash_config, load_dflash_model
@@ -217,7 +217,8 @@ def load_pair(target: str, draft: str | None = None, *, drafter: str = "auto", m
     (DraftVocab); a DFlash drafter uses the vocabulary saved in its checkpoint, if any. `draft_dtype`:
     the drafters' networks (a DFlash drafter's own layers; it embeds and reads out with the target's
     table in the target's dtype); None: `dtype`; "auto": `auto_draft_dtype`'s rule for causal drafters,
-    `dtype` for a DFlash drafter. `target_of`: a loaded pair whose target object (and
+    `dtype` for a DFlash drafter; "int8": the network loads in `int8_network_dtype()` and packs with int8
+    copies of its layers but the head (cpu_kernels.Int8Linear: CPU, packed kernels). `target_of`: a loaded pair whose target object (and
     tokenizer and kernels) this one shares instead of loading its own (benchmarks compare drafter
     dtypes in one process without a second copy of the target)."""
     if drafter not in DRAFTER_KINDS:
@@ -229,11 +230,17 @@ def load_pair(target: str, draft: str | None = None, *, drafter: str = "auto", m
     if draft_vocab < 0:
         raise ModelLoadError(f"`draft_vocab` must be >= 0 (0: the whole vocabulary), got {draft_vocab}")
     # the causal drafters' dtype (PARD, AR, the chain draft) and a DFlash drafter's layers'
+    if draft_dtype not in (None, "auto", "int8", *DTYPES):
+        raise ModelLoadError(f"unknown draft dtype {draft_dtype!r}; choose one of float32, float16, bfloat16, int8, auto")
     auto = draft_dtype == "auto"
-    causal = torch_dtype(auto_draft_dtype(dtype, device, device_map, kernels) if auto else draft_dtype or dtype,
-                         "draft dtype")
+    causal_dtype = auto_draft_dtype(dtype, device, device_map, kernels) if auto else draft_dtype or dtype
+    int8 = causal_dtype == "int8"
+    if int8 and (why := int8_unavailable(device, device_map, kernels)):
+        raise ModelLoadError(f"`draft_dtype` int8: {why}")
+    loads_as = int8_network_dtype() if int8 else causal_dtype          # an int8 drafter's network, as loaded
+    causal = torch_dtype(loads_as, "draft dtype")
     draft_torch_dtype = torch_dtype(dtype, "draft dtype") if auto else causal
-    flash_dtype, causal_dtype = (str(t).removeprefix("torch.") for t in (draft_torch_dtype, causal))
+    flash_dtype = causal_dtype if not auto else str(draft_torch_dtype).removeprefix("torch.")
     if target_of is None:
         tmodel, tpath = load_model(target, device, dtype, device_map)
         tok = load_tokenizer(tpath)
@@ -251,12 +258,12 @@ def load_pair(target: str, draft: str | None = None, *, drafter: str = "auto", m
         with phase(f"loading the DFlash drafter {draft}"):
             dmodel, dflash_vocab = load_dflash_model(dfolder, tmodel, draft_torch_dtype)
     elif draft:
-        dmodel, dpath = load_model(draft, draft_device, causal_dtype)
+        dmodel, dpath = load_model(draft, draft_device, loads_as)
         check_tokenizers_match(tok, load_tokenizer(dpath, required=False), draft)
     if draft:
         names["draft"] = draft
     if ar_draft and ar_draft != draft:
-        amodel, apath = load_model(ar_draft, draft_device, causal_dtype)
+        amodel, apath = load_model(ar_draft, draft_device, loads_as)
         check_tokenizers_match(tok, load_tokenizer(apath, required=False), ar_draft)
     if ar_draft:
         names["ar_draft"] = ar_draft
@@ -267,7 +274,9 @@ def load_pair(target: str, draft: str | None = None, *, drafter: str = "auto", m
     models = [m for m in (tmodel, dmodel, amodel) if m is not None]   # every network a decode runs
     if target_of is not None:           # the shared target is already what it is: its drafters follow it
         models, kernels = models[1:], target_of.kernels
-    packed = apply_kernels(kernels if not device_map else "eager", models)
+    # int8 (Int8Linear): the causal drafters, and a DFlash drafter's layers when named (not under auto)
+    int8_models = [m for m in (amodel, dmodel if kind != "dflash" or not auto else None) if int8 and m is not None]
+    packed = apply_kernels(kernels if not device_map else "eager", models, int8=int8_models)
     # what the drafters run in: one dtype, or a DFlash drafter's and the chain draft's when they differ
     ran = ({flash_dtype if kind == "dflash" else causal_dtype} if dmodel is not None else set()) | (
         {causal_dtype} if amodel is not None else set())
@@ -281,14 +290,36 @@ def load_pair(target: str, draft: str | None = None, *, drafter: str = "auto", m
                       draft_vocab=draft_vocab, draft_dtype=named)
 
 
+def int8_network_dtype() -> str:
+    """What an int8 drafter's network loads in (its norms, attention, embedding and head, and its long
+    passes): bfloat16 where oneDNN runs it natively, else float32."""
+    return "bfloat16" if bf16_kernels() else "float32"
+
+
+def int8_unavailable(device: str, device_map: str | None, kernels: str) -> str | None:
+    """Why `draft_dtype` int8 cannot run with these options, or None. It is a CPU kernel (Int8Linear)."""
+    if device != "cpu" or device_map:
+        return f"int8 drafters run on the CPU only (device {device_map or device}); use bfloat16"
+    if kernels == "eager":
+        return "int8 drafters run on packed kernels, not `kernels` eager (nor `compile`)"
+    if not int8_kernels():
+        return "this torch build has no fbgemm int8 matmuls"
+    return None
+
+
 def auto_draft_dtype(dtype: str, device: str, device_map: str | None, kernels: str) -> str:
-    """`draft_dtype` auto for a causal drafter (PARD, AR, the chain draft). Rule: bfloat16 under a float32
-    target on a CPU whose oneDNN runs bfloat16 matmuls, with kernels that may pack (a packed bfloat16 pass
-    reads half the bytes: on the 1.5B pair's 0.5B chain cure ran 25% faster, sd 10%, with the same
-    acceptance; benchmarks/results/draft_dtype_qwen15b_cpu); else the target's dtype. A DFlash drafter
-    keeps the target's dtype under auto (its layers are small; not measured to pay)."""
-    if dtype == "float32" and device == "cpu" and not device_map and kernels != "eager" and bf16_kernels():
-        return "bfloat16"
+    """`draft_dtype` auto for a causal drafter (PARD, AR, the chain draft). Rule: under a float32 target on a
+    CPU, with kernels that may pack, int8 where torch has fbgemm's int8 matmuls, else bfloat16 where oneDNN
+    runs bfloat16 matmuls; else the target's dtype. Each step measured: a packed bfloat16 pass reads half
+    a float32 one's bytes (the 1.5B pair's 0.5B chain: cure 25% faster, sd 10%, same acceptance;
+    benchmarks/results/draft_dtype_qwen15b_cpu), and an int8 one-row pass half a bfloat16 one's (cure 9%
+    faster again, sd 16%, ddtree over PARD 1.4%, same acceptance; benchmarks/results/draft_int8_qwen15b_cpu).
+    A DFlash drafter keeps the target's dtype under auto (its layers are small; not measured to pay)."""
+    if dtype == "float32" and device == "cpu" and not device_map and kernels != "eager":
+        if int8_kernels():
+            return "int8"
+        if bf16_kernels():
+            return "bfloat16"
     return dtype
 
 
@@ -335,17 +366,21 @@ def eos_ids(model, tokenizer) -> tuple[int, ...]:
     return tuple(sorted(eos))
 
 
-def apply_kernels(kernels: str, models: list) -> bool:
+def apply_kernels(kernels: str, models: list, int8: Sequence = ()) -> bool:
     """Pack every model's linears (cpu_kernels.py) when `kernels` asks for it and all of them allow it;
-    returns whether they were packed. All or none: drafter and target run the same kind of kernels."""
+    returns whether they were packed. All or none: drafter and target run the same kind of kernels.
+    The models in `int8` (drafters under `draft_dtype` int8) get int8 copies too; they need packing."""
     try:
         use = all(resolve_kernels(kernels, m) for m in models)
     except ValueError as e:
         raise ModelLoadError(str(e)) from None
+    if int8 and not use:
+        raise ModelLoadError("`draft_dtype` int8 runs on packed CPU kernels, and these models cannot pack: "
+                             f"{next((w for m in models if (w := unavailable_reason(m))), 'kernels eager')}")
     if use:
         with phase("packing the weights for oneDNN (--kernels packed)", total=len(models)) as update:
             for i, m in enumerate(models):
-                pack_linears(m)
+                pack_linears(m, int8=any(m is x for x in int8))
                 update(i + 1)
     return use
 

@@ -82,7 +82,8 @@ class EngineArgs:
     device: str = _opt("--device", default="cpu", help="cpu, cuda, cuda:1, mps ...")
     dtype: str = _opt("--dtype", default="float32", help="float32 (lossless check), float16, bfloat16.")
     draft_dtype: str = _opt("--draft-dtype", default="auto", help=(
-        "The drafters' own networks (PARD, AR, --ar-draft, DFlash's layers): float32, float16, bfloat16, or "
+        "The drafters' own networks (PARD, AR, --ar-draft, DFlash's layers): float32, float16, bfloat16, "
+        "int8 (CPU, packed kernels: int8 weights for passes of up to 16 rows, such as chain steps), or "
         "auto: bfloat16 for causal drafters (PARD, AR) under a float32 target on a CPU whose oneDNN has "
         "bfloat16 kernels (packed, half the bytes per pass), else --dtype. Only proposals change, the target "
         "verifies every token. Never changes the output."))

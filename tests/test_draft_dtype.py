@@ -75,8 +75,8 @@ def test_load_pair_loads_drafters_in_the_draft_dtype(tmp_path):
     ref = generate_ids(loaded.pair, DecodeConfig(strategy="ar", max_new_tokens=16), prompt)
     assert generate_ids(loaded.pair, DecodeConfig(strategy="cure", k=6, max_new_tokens=16), prompt) == ref
     assert load_pair(str(t), str(d)).draft_dtype == "float32"                 # default: the target's dtype
-    with pytest.raises(ModelLoadError, match="unknown draft dtype 'int8'"):
-        load_pair(str(t), str(d), draft_dtype="int8")
+    with pytest.raises(ModelLoadError, match="unknown draft dtype 'int4'"):
+        load_pair(str(t), str(d), draft_dtype="int4")
 
 
 def test_bfloat16_packs_only_with_onednn_bfloat16_kernels(monkeypatch):
@@ -89,16 +89,20 @@ def test_bfloat16_packs_only_with_onednn_bfloat16_kernels(monkeypatch):
     assert resolve_kernels("auto", b16) is True
 
 
-def test_auto_is_bfloat16_for_causal_drafters_where_a_cpu_packs_it(monkeypatch):
-    """--draft-dtype auto: bfloat16 for causal drafters under a float32 target on a CPU with oneDNN bfloat16
-    kernels and kernels that may pack; the target's dtype anywhere else."""
+def test_auto_is_int8_then_bfloat16_for_causal_drafters_where_a_cpu_packs_it(monkeypatch):
+    """--draft-dtype auto: int8 for causal drafters under a float32 target on a CPU with fbgemm int8 matmuls
+    and kernels that may pack, else bfloat16 where oneDNN has bfloat16 kernels; the target's dtype anywhere
+    else."""
     monkeypatch.setattr(M, "bf16_kernels", lambda: True)
-    assert auto_draft_dtype("float32", "cpu", None, "auto") == "bfloat16"
-    assert auto_draft_dtype("float32", "cpu", None, "packed") == "bfloat16"
+    monkeypatch.setattr(M, "int8_kernels", lambda: True)
+    assert auto_draft_dtype("float32", "cpu", None, "auto") == "int8"
+    assert auto_draft_dtype("float32", "cpu", None, "packed") == "int8"
     assert auto_draft_dtype("float32", "cpu", None, "eager") == "float32"       # compile turns auto to eager
     assert auto_draft_dtype("float32", "cuda", None, "auto") == "float32"
     assert auto_draft_dtype("float32", "cpu", "auto", "auto") == "float32"      # accelerate's device map
     assert auto_draft_dtype("float16", "cpu", None, "auto") == "float16"
+    monkeypatch.setattr(M, "int8_kernels", lambda: False)
+    assert auto_draft_dtype("float32", "cpu", None, "auto") == "bfloat16"
     monkeypatch.setattr(M, "bf16_kernels", lambda: False)
     assert auto_draft_dtype("float32", "cpu", None, "auto") == "float32"
     assert EngineArgs().draft_dtype == "auto"                                    # the default: load_pair resolves it
@@ -107,6 +111,7 @@ def test_auto_is_bfloat16_for_causal_drafters_where_a_cpu_packs_it(monkeypatch):
 @pytest.mark.parametrize("bf16", [True, False])
 def test_load_pair_auto_loads_causal_drafters_by_the_rule(tmp_path, monkeypatch, bf16):
     monkeypatch.setattr(M, "bf16_kernels", lambda: bf16)
+    monkeypatch.setattr(M, "int8_kernels", lambda: False)
     t, d = save_tiny_pair(tmp_path)
     loaded = load_pair(str(t), str(d), draft_dtype="auto", ar_draft=str(d))
     want = torch.bfloat16 if bf16 else torch.float32
@@ -121,20 +126,63 @@ def test_load_pair_auto_loads_causal_drafters_by_the_rule(tmp_path, monkeypatch,
     assert eager.draft_dtype == "float32" and eager.kernels == "eager"
 
 
+@pytest.mark.skipif(not K.int8_kernels(), reason="this torch build has no fbgemm int8 matmuls")
+def test_int8_drafters_run_int8_short_passes_and_every_strategy_equals_ar(tmp_path):
+    """--draft-dtype int8 (and auto where it resolves to int8): the drafters' layers but the head are
+    Int8Linear, the target stays float32 and packed, and every strategy still equals ar."""
+    t, d = save_tiny_pair(tmp_path)
+    for dd in ("int8", "auto"):
+        loaded = load_pair(str(t), str(d), draft_dtype=dd, ar_draft=str(d))
+        assert loaded.draft_dtype == "int8" and loaded.kernels == "packed"
+        draft, target = loaded.pair.drafter.model, loaded.pair.target
+        layers = [m for m in draft.modules() if isinstance(m, K.PackedLinear)]
+        assert layers and all(isinstance(m, K.Int8Linear) != (m is draft.get_output_embeddings()) for m in layers)
+        assert not any(isinstance(m, K.Int8Linear) for m in target.modules())
+        assert target.get_output_embeddings().weight.dtype == torch.float32
+        prompt = list(b"def g(y):\n")
+        ref = generate_ids(loaded.pair, DecodeConfig(strategy="ar", max_new_tokens=16), prompt)
+        for strategy in SPECULATIVE:
+            for k in (4, 6):
+                got = generate_ids(loaded.pair, DecodeConfig(strategy=strategy, k=k, max_new_tokens=16), prompt)
+                assert got == ref, (dd, strategy, k)
+    with pytest.raises(ModelLoadError, match="int8.*packed kernels"):
+        load_pair(str(t), str(d), draft_dtype="int8", kernels="eager")
+    with pytest.raises(ModelLoadError, match="int8.*CPU only"):
+        load_pair(str(t), str(d), draft_dtype="int8", device="cuda")
+
+
+@pytest.mark.skipif(not K.int8_kernels(), reason="this torch build has no fbgemm int8 matmuls")
+def test_int8_linear_is_close_on_short_passes_and_packed_on_long_ones():
+    """Int8Linear: up to INT8_MAX_ROWS rows run the int8 matmul (close to the float result, not equal);
+    longer passes run the packed weight, bit for bit what a PackedLinear gives."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 48)
+    int8, packed = K.Int8Linear(lin, keep_weight=False), K.PackedLinear(lin, keep_weight=False)
+    with torch.inference_mode():
+        short = torch.randn(K.INT8_MAX_ROWS, 64)
+        exact = lin(short)
+        got = int8(short)
+        assert not torch.equal(got, packed(short))                      # it did run the int8 matmul
+        assert (got - exact).abs().max() < 0.05 * exact.abs().max()    # per-channel int8: ~1% error
+        long = torch.randn(K.INT8_MAX_ROWS + 1, 64)
+        assert torch.equal(int8(long), packed(long))
+        assert int8(short[:1]).shape == (1, 48) and int8(torch.randn(2, 3, 64)).shape == (2, 3, 48)
+
+
 def test_cli_draft_dtype_reports_and_refuses(tmp_path):
     t, d = save_tiny_pair(tmp_path)
     runner = CliRunner()
     outs = {}
-    for dd in ("float32", "bfloat16"):
+    for dd in ("float32", "bfloat16", *(("int8",) if K.int8_kernels() else ())):
         res = runner.invoke(app, ["generate", "abc", "-t", str(t), "-d", str(d), "-n", "12", "--raw", "--json",
                                   "--draft-dtype", dd, "--strategy", "cure", "--k", "4"])
         assert res.exit_code == 0, res.output
         obj = json.loads(res.stdout)
         assert obj["draft_dtype"] == dd
         outs[dd] = obj["token_ids"]
-    assert outs["float32"] == outs["bfloat16"]
-    res = runner.invoke(app, ["generate", "abc", "-t", str(t), "-d", str(d), "-n", "4", "--draft-dtype", "int8"])
-    assert res.exit_code == 2 and "unknown draft dtype 'int8'" in res.output and "Traceback" not in res.output
+    assert all(ids == outs["float32"] for ids in outs.values())
+    res = runner.invoke(app, ["generate", "abc", "-t", str(t), "-d", str(d), "-n", "4", "--draft-dtype", "int4"])
+    assert res.exit_code == 2 and "unknown draft dtype 'int4'" in res.output and "Traceback" not in res.output
 
 
 def test_an_adapted_drafter_merges_in_float32_then_casts_once(tmp_path):
