@@ -123,9 +123,10 @@ class Int8Linear(PackedLinear):
     """A PackedLinear that runs passes of up to INT8_MAX_ROWS rows on an int8 copy of W (one scale per
     output row of W), with the inputs quantized to int8 on the fly (one scale per pass: fbgemm's dynamic
     linear) and the int32 sums scaled back to float. Longer passes (a prefill) run the packed weight.
-    For drafters only: an int8 pass rounds more than a bfloat16 one (the 0.5B chain's greedy proposal
-    agreed with the 1.5B target's as often as bfloat16's did), and a row's result depends on the rows in
-    its pass (their largest input sets the scale), so only proposals change, never a verified token."""
+    For drafters only: an int8 pass rounds more than a bfloat16 one (the 0.5B's greedy proposal agreed
+    with the 1.5B target's at 81.1% of positions, bfloat16's at 81.6%), and a row's result depends on
+    the rows in its pass (their largest input sets the scale), so only proposals change, never a
+    verified token. Memory: the int8 copy adds half the packed bfloat16 weight's bytes."""
 
     def __init__(self, linear: nn.Linear, keep_weight: bool):
         super().__init__(linear, keep_weight)

@@ -218,9 +218,9 @@ def load_pair(target: str, draft: str | None = None, *, drafter: str = "auto", m
     the drafters' networks (a DFlash drafter's own layers; it embeds and reads out with the target's
     table in the target's dtype); None: `dtype`; "auto": `auto_draft_dtype`'s rule for causal drafters,
     `dtype` for a DFlash drafter; "int8": the network loads in `int8_network_dtype()` and packs with int8
-    copies of its layers but the head (cpu_kernels.Int8Linear: CPU, packed kernels). `target_of`: a loaded pair whose target object (and
-    tokenizer and kernels) this one shares instead of loading its own (benchmarks compare drafter
-    dtypes in one process without a second copy of the target)."""
+    copies of its layers but the head (cpu_kernels.Int8Linear: CPU, packed kernels). `target_of`: a
+    loaded pair whose target object (and tokenizer and kernels) this one shares instead of loading its
+    own (benchmarks compare drafter dtypes in one process without a second copy of the target)."""
     if drafter not in DRAFTER_KINDS:
         raise ModelLoadError(f"unknown drafter kind {drafter!r}; choose one of {', '.join(DRAFTER_KINDS)}")
     if kernels not in KERNELS:
@@ -231,7 +231,8 @@ def load_pair(target: str, draft: str | None = None, *, drafter: str = "auto", m
         raise ModelLoadError(f"`draft_vocab` must be >= 0 (0: the whole vocabulary), got {draft_vocab}")
     # the causal drafters' dtype (PARD, AR, the chain draft) and a DFlash drafter's layers'
     if draft_dtype not in (None, "auto", "int8", *DTYPES):
-        raise ModelLoadError(f"unknown draft dtype {draft_dtype!r}; choose one of float32, float16, bfloat16, int8, auto")
+        raise ModelLoadError(f"unknown draft dtype {draft_dtype!r}; "
+                             "choose one of float32, float16, bfloat16, int8, auto")
     auto = draft_dtype == "auto"
     causal_dtype = auto_draft_dtype(dtype, device, device_map, kernels) if auto else draft_dtype or dtype
     int8 = causal_dtype == "int8"

@@ -84,9 +84,9 @@ class EngineArgs:
     draft_dtype: str = _opt("--draft-dtype", default="auto", help=(
         "The drafters' own networks (PARD, AR, --ar-draft, DFlash's layers): float32, float16, bfloat16, "
         "int8 (CPU, packed kernels: int8 weights for passes of up to 16 rows, such as chain steps), or "
-        "auto: bfloat16 for causal drafters (PARD, AR) under a float32 target on a CPU whose oneDNN has "
-        "bfloat16 kernels (packed, half the bytes per pass), else --dtype. Only proposals change, the target "
-        "verifies every token. Never changes the output."))
+        "auto: for causal drafters (PARD, AR) under a float32 target on a CPU, int8 where torch has fbgemm's "
+        "int8 matmuls, else bfloat16 where oneDNN has bfloat16 kernels; else --dtype. Only proposals change, "
+        "the target verifies every token. Never changes the output."))
     device_map: str | None = _opt("--device-map", default=None, kind=str, help=(
         "Passed to accelerate (e.g. auto) for targets larger than one device."))
     # --- prompt encoding ---

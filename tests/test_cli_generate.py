@@ -30,7 +30,7 @@ def test_json_output_is_one_object_and_lossless(tiny_dirs, tmp_path):
         assert r.exit_code == 0, r.output
         obj = json.loads(r.stdout)
         assert set(obj) == {"text", "token_ids", "strategy", "stats", "kernels", "draft_vocab", "draft_dtype"}
-        # --draft-dtype auto: bfloat16 for this causal (PARD) drafter where a CPU packs bfloat16, else the target's
+        # --draft-dtype auto: int8 (else bfloat16) for this causal (PARD) drafter where a CPU packs it, else the target's
         assert obj["draft_dtype"] == auto_draft_dtype("float32", "cpu", None, "auto")
         assert obj["draft_vocab"] == 16384                   # --draft-vocab auto on a CPU
         assert set(obj["stats"]) == {"tau", "tpot_ms", "tokens_per_s", "blocks", "new_tokens",

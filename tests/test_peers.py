@@ -111,7 +111,7 @@ def test_strategy_variants_run_one_strategy_with_changed_fields(peers, tmp_path)
     out = tmp_path / "v.json"
     ret = peers.main(["--tiny", "--limit", "1", "--max-new-tokens", "6", "--k", "4", "--threads", "1", "--hf", "",
                       "--strategies", "ar,cure:lookup=3,cure:nope=1,ddtree:attention=sdpa,ddtree:attention=x,"
-                                      "cure:draft_dtype=bfloat16,cure:draft_dtype=int8",
+                                      "cure:draft_dtype=bfloat16,cure:draft_dtype=int4",
                       "--warmup-tokens", "2", "--quiet", "--json", str(out)])
     names = [m["name"] for m in ret["methods"]]
     assert "cure_cure:lookup=3" in names and "cure_cure:nope=1" not in names
@@ -122,7 +122,7 @@ def test_strategy_variants_run_one_strategy_with_changed_fields(peers, tmp_path)
     # draft_dtype=: the pair opened again with bfloat16 drafters; an unknown dtype is skipped with why
     assert {m["name"]: m["settings"].get("draft_dtype") for m in ret["methods"]}["cure_cure:draft_dtype=bfloat16"] \
         == "bfloat16"
-    assert any(s["method"] == "cure_cure:draft_dtype=int8" and "int8" in s["reason"] for s in ret["skipped"])
+    assert any(s["method"] == "cure_cure:draft_dtype=int4" and "int4" in s["reason"] for s in ret["skipped"])
     assert ret["config"]["engine"]["draft_dtype"] == "auto"
     assert all(r["matches_hf_greedy"] for r in ret["results"])
 
