@@ -94,6 +94,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 import torch  # noqa: E402
 
 from cure_core.files import atomic_write_json  # noqa: E402
+from cure_core.cpu_kernels import cpu_info  # noqa: E402
 from cure_core.attention import stock_sdpa  # noqa: E402
 from cure_core.options import EngineArgs, parse_list  # noqa: E402
 from cure_core.metrics import ORDERS, run_order as order_of_runs  # noqa: E402
@@ -136,6 +137,7 @@ def environment(threads: int, why: str, device: str, dtype: str) -> dict:
         "threads_reason": why, "torch_interop_threads": torch.get_num_interop_threads(),
         "device": device, "dtype": dtype,
         "load_average_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        **cpu_info(),
     }
     try:
         import rich

@@ -23,6 +23,7 @@ from rich.console import Console, Group
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
+from cure_core.cpu_kernels import cpu_info
 from cure_core.metrics import ORDERS
 from cure_core.options import EngineArgs
 
@@ -75,7 +76,7 @@ def _device_info(args: EngineArgs, draft_dtype: str) -> dict:
             "device_map": args.device_map,
             "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(), "platform": platform.platform(),
             "processor": platform.processor(),
-            "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
+            "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None, **cpu_info()}
     if args.device.startswith("cuda") and torch.cuda.is_available():
         info["cuda_device"] = torch.cuda.get_device_name(torch.device(args.device))
     return info

@@ -78,6 +78,18 @@ def int8_kernels() -> bool:
     return bool(engines & {"fbgemm", "x86"}) and hasattr(torch.ops.quantized, "linear_dynamic")
 
 
+def cpu_info() -> dict:
+    """What a timing ran on, for result files: the CPU's model name (Linux /proc/cpuinfo; None elsewhere) and
+    which of these kernels it runs (a CPU with AMX and one without differ in which drafter dtype pays)."""
+    name = None
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
+    except OSError:
+        pass
+    return {"cpu_model": name, "bf16_kernels": bf16_kernels(), "int8_kernels": int8_kernels()}
+
+
 def is_packed(model: nn.Module) -> bool:
     """Whether pack_linears has run on `model` (any of its layers is a PackedLinear)."""
     return any(isinstance(m, PackedLinear) for m in model.modules())

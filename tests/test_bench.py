@@ -263,6 +263,7 @@ def test_end_to_end_all_strategies_with_ablation(tiny_dirs, prompts_file, tmp_pa
     assert res["config"]["temperature"] == 0.0 and res["config"]["seed"] == 0
     assert res["runs"]["cure-no-resync"]["resync"] is False
     assert set(res["versions"]) >= {"torch", "transformers", "cure"}
+    assert {"cpu_model", "bf16_kernels", "int8_kernels"} <= set(res["device"])     # what the timing ran on
     for name in names:
         m = res["metrics"][name]
         for key in ("tau", "tpot_ms", "tokens_per_s", "speedup_vs_ar", "speedup_vs_sd", "repair_win_rate",

@@ -1,6 +1,7 @@
 """Packed CPU kernels (cpu_kernels.py): same logits, same tokens, clear refusals."""
 import copy
 import json
+import os
 
 import pytest
 import torch
@@ -165,3 +166,21 @@ def test_cpu_kernels_benchmark_smoke(tmp_path):
     for curve in rep["curves"].values():
         assert curve["x_one_token"]["1"] == 1.0 and curve["ms"]["4"] > 0
     assert json.loads((tmp_path / "k.json").read_text())["sizes"] == [1, 4]
+
+
+def test_cpu_info_names_the_cpu_and_its_kernels(monkeypatch):
+    """Result files record what a timing ran on: the CPU's model name (from /proc/cpuinfo on Linux) and which
+    kernels it runs; without /proc/cpuinfo the name is None, not an error."""
+    import cure_core.cpu_kernels as K
+    info = K.cpu_info()
+    assert info["bf16_kernels"] == K.bf16_kernels() and info["int8_kernels"] == K.int8_kernels()
+    if os.path.exists("/proc/cpuinfo") and "model name" in open("/proc/cpuinfo", encoding="utf-8").read():
+        assert isinstance(info["cpu_model"], str) and info["cpu_model"]
+    real_open = open
+
+    def no_cpuinfo(path, *a, **k):
+        if path == "/proc/cpuinfo":
+            raise FileNotFoundError(path)
+        return real_open(path, *a, **k)
+    monkeypatch.setattr("builtins.open", no_cpuinfo)
+    assert K.cpu_info()["cpu_model"] is None

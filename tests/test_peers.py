@@ -31,7 +31,8 @@ def test_schema(report):
     for key in ("environment", "config", "models", "timing", "methods", "skipped", "notes", "summary", "results"):
         assert key in report, key
     env = report["environment"]
-    for key in ("python", "torch", "transformers", "cpu_count", "torch_threads", "threads_reason", "device", "dtype"):
+    for key in ("python", "torch", "transformers", "cpu_count", "torch_threads", "threads_reason", "device", "dtype",
+                "cpu_model", "bf16_kernels", "int8_kernels"):
         assert key in env, key
     assert env["torch_threads"] == 1 and env["device"] == "cpu"
     assert report["config"]["tiny"] is True and report["config"]["max_new_tokens"] == 6
