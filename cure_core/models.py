@@ -234,12 +234,13 @@ def load_pair(target: str, draft: str | None = None, *, drafter: str = "auto", m
         raise ModelLoadError(f"unknown draft dtype {draft_dtype!r}; "
                              "choose one of float32, float16, bfloat16, int8, auto")
     auto = draft_dtype == "auto"
-    causal_dtype = auto_draft_dtype(dtype, device, device_map, kernels) if auto else draft_dtype or dtype
-    int8 = causal_dtype == "int8"
+    asked = auto_draft_dtype(dtype, device, device_map, kernels) if auto else draft_dtype or dtype
+    int8 = asked == "int8"
     if int8 and (why := int8_unavailable(device, device_map, kernels)):
         raise ModelLoadError(f"`draft_dtype` int8: {why}")
-    loads_as = int8_network_dtype() if int8 else causal_dtype          # an int8 drafter's network, as loaded
-    causal = torch_dtype(loads_as, "draft dtype")
+    causal = torch_dtype(int8_network_dtype() if int8 else asked, "draft dtype")   # what causal drafters load in
+    loads_as = str(causal).removeprefix("torch.")                                  # (an alias: its full name)
+    causal_dtype = "int8" if int8 else loads_as                                    # what they run in, as reported
     draft_torch_dtype = torch_dtype(dtype, "draft dtype") if auto else causal
     flash_dtype = causal_dtype if not auto else str(draft_torch_dtype).removeprefix("torch.")
     if target_of is None:
@@ -275,12 +276,13 @@ def load_pair(target: str, draft: str | None = None, *, drafter: str = "auto", m
     models = [m for m in (tmodel, dmodel, amodel) if m is not None]   # every network a decode runs
     if target_of is not None:           # the shared target is already what it is: its drafters follow it
         models, kernels = models[1:], target_of.kernels
-    # int8 (Int8Linear): the causal drafters, and a DFlash drafter's layers when named (not under auto)
-    int8_models = [m for m in (amodel, dmodel if kind != "dflash" or not auto else None) if int8 and m is not None]
-    packed = apply_kernels(kernels if not device_map else "eager", models, int8=int8_models)
+    # what each drafter network runs in: a DFlash drafter's layers flash_dtype, causal drafters causal_dtype
+    runs_in = [(m, flash_dtype if m is dmodel and kind == "dflash" else causal_dtype)
+               for m in (dmodel, amodel) if m is not None]
+    packed = apply_kernels(kernels if not device_map else "eager", models,
+                           int8=[m for m, d in runs_in if d == "int8"])      # Int8Linear layers for these
     # what the drafters run in: one dtype, or a DFlash drafter's and the chain draft's when they differ
-    ran = ({flash_dtype if kind == "dflash" else causal_dtype} if dmodel is not None else set()) | (
-        {causal_dtype} if amodel is not None else set())
+    ran = {d for _, d in runs_in}
     if not ran:
         named = dtype                                   # no drafter: nothing runs in a draft dtype
     elif len(ran) == 1:

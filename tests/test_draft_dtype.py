@@ -75,6 +75,7 @@ def test_load_pair_loads_drafters_in_the_draft_dtype(tmp_path):
     ref = generate_ids(loaded.pair, DecodeConfig(strategy="ar", max_new_tokens=16), prompt)
     assert generate_ids(loaded.pair, DecodeConfig(strategy="cure", k=6, max_new_tokens=16), prompt) == ref
     assert load_pair(str(t), str(d)).draft_dtype == "float32"                 # default: the target's dtype
+    assert load_pair(str(t), str(d), draft_dtype="bf16").draft_dtype == "bfloat16"   # an alias: reported by name
     with pytest.raises(ModelLoadError, match="unknown draft dtype 'int4'"):
         load_pair(str(t), str(d), draft_dtype="int4")
 

@@ -1,7 +1,7 @@
 """Packed CPU kernels (cpu_kernels.py): same logits, same tokens, clear refusals."""
 import copy
 import json
-import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -174,7 +174,8 @@ def test_cpu_info_names_the_cpu_and_its_kernels(monkeypatch):
     import cure_core.cpu_kernels as K
     info = K.cpu_info()
     assert info["bf16_kernels"] == K.bf16_kernels() and info["int8_kernels"] == K.int8_kernels()
-    if os.path.exists("/proc/cpuinfo") and "model name" in open("/proc/cpuinfo", encoding="utf-8").read():
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists() and "model name" in cpuinfo.read_text(encoding="utf-8"):
         assert isinstance(info["cpu_model"], str) and info["cpu_model"]
     real_open = open
 
