@@ -17,7 +17,8 @@ models with cure_core/attention.py's grouped sdpa, transformers' loops with tran
 back around each of their generations); `ddtree:attention=sdpa` runs a cure strategy with transformers'.
 `cure:draft_dtype=bfloat16` runs a cure strategy over drafters loaded again in another dtype, and
 `cure:draft=PATH` over another draft checkpoint (e.g. a trained drafter against the alias's default), over
-the same target object (opened once per draft and dtype).
+the same target object (opened once per draft and dtype). `sd:int8_decoder=off` runs an int8 drafter's
+short passes through transformers' forward instead of cure_core/int8_decoder.py's (an A/B of the two).
 `--kernels` (default auto: packed oneDNN
 matmuls on a float32 CPU, see cure_core/cpu_kernels.py) applies to those shared model objects, so
 transformers' loops run the same kernels as cure's; `--kernels eager` gives stock torch layers.
@@ -78,6 +79,7 @@ shared), else every core. The choice and its reason are printed and written to t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import platform
@@ -328,13 +330,29 @@ def pair_models(pair) -> list:
     return [pair.target] + [getattr(d, "model", None) for d in drafters if d is not None]
 
 
+@contextlib.contextmanager
+def without_int8_decoder(pair, off: bool):
+    """Within (when `off`): the pair's int8 drafters run every pass through transformers' forward, not
+    Int8Decoder (the variant `int8_decoder=off` A/Bs the two in one run)."""
+    lms = [lm for d in (pair.drafter, pair.ar_drafter) if off and (lm := getattr(d, "lm", None)) is not None]
+    kept = [lm.int8_decoder() for lm in lms]
+    for lm in lms:
+        lm.int8 = None
+    try:
+        yield
+    finally:
+        for lm, k in zip(lms, kept):
+            lm.int8 = k
+
+
 def cure_method(strategy: str, engine, cfg, trace: bool = False, attention: str = "grouped",
-                draft_dtype: str | None = None, draft: str | None = None) -> Method:
+                draft_dtype: str | None = None, draft: str | None = None, int8_decoder: bool = True) -> Method:
     from cure_core.metrics import summarize
 
     def run(ids: list[int], max_new: int) -> dict:
         # the variant `attention=sdpa` runs transformers' own sdpa (stock_sdpa of no models changes nothing)
-        with stock_sdpa(pair_models(engine.pair) if attention == "sdpa" else ()):
+        with stock_sdpa(pair_models(engine.pair) if attention == "sdpa" else ()), \
+                without_int8_decoder(engine.pair, not int8_decoder):
             return measured(ids, max_new)
 
     def measured(ids: list[int], max_new: int) -> dict:
@@ -367,6 +385,8 @@ def cure_method(strategy: str, engine, cfg, trace: bool = False, attention: str 
         settings["draft_dtype"] = draft_dtype
     if draft is not None:
         settings["draft"] = str(draft)
+    if not int8_decoder:
+        settings["int8_decoder"] = "off"
     return Method(f"cure_{strategy}", "cure", settings, run)
 
 
@@ -450,15 +470,18 @@ def build_methods(args, setup: Setup) -> list[Method]:
         attention = changes.pop("attention", "grouped")
         draft_dtype = changes.pop("draft_dtype", None)
         draft = changes.pop("draft", None)
+        int8_decoder = changes.pop("int8_decoder", "on")
         try:
             if attention not in ("grouped", "sdpa"):
                 raise ConfigError(f"attention={attention}: choose grouped (cure's) or sdpa (transformers')")
+            if int8_decoder not in ("on", "off"):
+                raise ConfigError(f"int8_decoder={int8_decoder}: choose on (Int8Decoder) or off (transformers')")
             # neither set: the options' own (draft, dtype), i.e. the pair already opened
             engine = setup.reopen(None if draft is None else str(draft), None if draft_dtype is None else str(draft_dtype))
             engine.pair.drafter_for(s)
             methods.append(cure_method(spec, engine, setup.config.with_(strategy=s, **changes),
                                        trace=args.trace_tuner, attention=attention, draft_dtype=draft_dtype,
-                                       draft=draft))
+                                       draft=draft, int8_decoder=int8_decoder == "on"))
         except (ConfigError, ModelLoadError, TypeError) as e:
             setup.skipped.append({"method": f"cure_{spec}", "reason": str(e)})
     return methods

@@ -29,9 +29,12 @@ from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
 
 from .attention import use_grouped_attention
 from .config import KV_LAYOUTS
-from .cpu_kernels import is_packed
+from .cpu_kernels import INT8_MAX_ROWS, is_packed
+from .int8_decoder import Int8Decoder, unsupported as int8_decoder_unsupported
 from .tree import fill_ancestors
 
+
+_UNRESOLVED = object()      # CachedLM.int8 before its first forward
 
 # Node counts a static-shape forward is padded up to (beyond the last: multiples of 128).
 PAD_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
@@ -124,6 +127,9 @@ class CachedLM:
         # a prefill asks for no logits: the head then runs over one row instead of every prompt row
         self._keeps_logits = head and "logits_to_keep" in inspect.signature(model.forward).parameters
         self.run = self.eager
+        # an int8 drafter's short passes run the flat int8 forward (int8_decoder.py); None: transformers' always.
+        # Resolved on the first forward (`int8_decoder`): load_pair packs a drafter's layers after building it.
+        self.int8: Int8Decoder | None | object = None if compile else _UNRESOLVED
         if compile and is_packed(model):
             raise ValueError("`compile` cannot trace packed CPU layers (inductor packs weights itself); "
                              "load the model with `kernels` eager")
@@ -168,6 +174,12 @@ class CachedLM:
         # ancestor-or-self among scratch nodes: rows/columns [:S] of a buffer reused across forwards and
         # blocks, all False outside them (fill_ancestors writes rows into False ones; commit clears them)
         self._anc = np.zeros((64, 64), dtype=bool)
+
+    def int8_decoder(self) -> Int8Decoder | None:
+        """The Int8Decoder this model's short passes run, or None (not an int8 Llama-style model, or compiled)."""
+        if self.int8 is _UNRESOLVED:
+            self.int8 = Int8Decoder(self.model) if int8_decoder_unsupported(self.model) is None else None
+        return self.int8
 
     @property
     def scratch(self) -> int:
@@ -230,10 +242,16 @@ class CachedLM:
             torch.compiler.cudagraph_mark_step_begin()       # the previous replay's outputs are dead
         # Rule: a compiled forward keeps its signature (another one would be another compilation)
         skip_head = {"logits_to_keep": 1} if not logits and self._keeps_logits and run is self.eager else {}
+        # Rule: an int8 drafter's pass of up to INT8_MAX_ROWS rows (a chain step) runs Int8Decoder; the same
+        # rows the int8 layers would run, without transformers' casts (int8_decoder.py)
+        flat = n_pad <= INT8_MAX_ROWS and not self.hidden_layers and self.int8_decoder() is not None
         try:
-            out = run(input_ids=ids, attention_mask=mask[None, None].to(self.device),
-                      position_ids=pos[None].to(self.device), cache=self.cache, use_cache=True,
-                      output_hidden_states=bool(self.hidden_layers), **skip_head)
+            if flat:
+                last = self.int8(ids, mask[None, None], pos[None], self.cache)    # [N_pad, H]
+            else:
+                out = run(input_ids=ids, attention_mask=mask[None, None].to(self.device),
+                          position_ids=pos[None].to(self.device), cache=self.cache, use_cache=True,
+                          output_hidden_states=bool(self.hidden_layers), **skip_head)
         except BaseException:
             self._clear_rows(s_old, s_new)                   # the nodes never entered the scratch
             raise
@@ -246,8 +264,14 @@ class CachedLM:
         hidden = None
         if self.hidden_layers:
             hidden = torch.cat([out.hidden_states[i][0, :n] for i in self.hidden_layers], dim=-1)   # a copy
-        rows, last = None, None
-        if self.head:
+        rows = None
+        if flat:
+            last = last[:n]
+            if self.head:
+                rows = self.model.get_output_embeddings()(last).float() if logits else None   # [N, V]
+                last = None
+        elif self.head:
+            last = None
             if logits:
                 rows = out.logits[0, :n].float()             # [N, V]
                 if graphs:

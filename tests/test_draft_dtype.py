@@ -140,6 +140,8 @@ def test_int8_drafters_run_int8_short_passes_and_every_strategy_equals_ar(tmp_pa
         assert layers and all(isinstance(m, K.Int8Linear) != (m is draft.get_output_embeddings()) for m in layers)
         assert not any(isinstance(m, K.Int8Linear) for m in target.modules())
         assert target.get_output_embeddings().weight.dtype == torch.float32
+        # the drafters' short passes run Int8Decoder (int8_decoder.py); the target's never do
+        assert loaded.pair.drafter.lm.int8_decoder() is not None and loaded.pair.ar_drafter.lm.int8_decoder() is not None
         prompt = list(b"def g(y):\n")
         ref = generate_ids(loaded.pair, DecodeConfig(strategy="ar", max_new_tokens=16), prompt)
         for strategy in SPECULATIVE:

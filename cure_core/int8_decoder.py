@@ -1,0 +1,142 @@
+"""A flat forward for an int8 drafter's short passes (chain steps, re-draft rows): gpt-fast style.
+
+Why: under `--draft-dtype int8` a chain step of the 0.5B drafter is one row through 168 int8 matmuls (about
+21 ms at 2 threads), but transformers' forward took 38-40 ms a step: its bfloat16 network casts every
+int8 matmul's float32 output back (about 400 casts a step), plus its modules' per-call work. This forward
+runs the same weights with a float32 residual stream, so an int8 matmul's float32 output is used as it is;
+q/k/v and gate/up are each one int8 matmul (their rows concatenated: the same int8 values and scales, and
+the same input, so the same sums). Only K/V (written to the cache, which the network's own long passes
+share) and the decoder's output are cast to the network's dtype. Measured on the 0.5B (2 threads, one row
+after a 150-token prefill): see benchmarks/results/README.md, int8 decoder.
+
+Rule: speed only. A drafter's rows change by rounding (float32 norms and rotary instead of bfloat16), never
+a verified token: the target verifies every one. Passes of more than INT8_MAX_ROWS rows (a prefill) and
+anything this forward does not cover run transformers' forward, on the same cache.
+
+Covers Llama-style decoders (`model_type` llama, qwen2, qwen3: Qwen3's per-head q/k norms too): RMSNorm,
+rotary positions, grouped K/V heads, a SiLU-gated MLP, full attention in every layer, every linear but the
+head an Int8Linear.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .cpu_kernels import INT8_MAX_ROWS, Int8Linear
+
+FAMILIES = ("llama", "qwen2", "qwen3")
+
+
+def unsupported(model: nn.Module) -> str | None:
+    """Why `Int8Decoder` cannot run `model` (a causal LM), or None when it can."""
+    cfg = model.config
+    if getattr(cfg, "model_type", None) not in FAMILIES:
+        return f"model_type {getattr(cfg, 'model_type', None)!r} is not one of {', '.join(FAMILIES)}"
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"hidden_act {cfg.hidden_act!r}"
+    if getattr(cfg, "pretraining_tp", 1) != 1:
+        return "pretraining_tp > 1"
+    if getattr(cfg, "use_sliding_window", False) or any(t != "full_attention" for t in getattr(cfg, "layer_types", None) or ()):
+        return "sliding-window layers"
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if not layers:
+        return "no decoder layers at model.model.layers"
+    for layer in layers:
+        a, m = layer.self_attn, layer.mlp
+        if not all(isinstance(x, Int8Linear) for x in (a.q_proj, a.k_proj, a.v_proj, a.o_proj,
+                                                      m.gate_proj, m.up_proj, m.down_proj)):
+            return "its layers are not all Int8Linear (draft dtype int8)"
+    return None
+
+
+def _fuse(linears: list[Int8Linear]) -> torch.ScriptObject:
+    """One fbgemm int8 weight with the given layers' output rows stacked (their int8 values, per-row scales
+    and biases as they are: no re-rounding)."""
+    qs, biases = zip(*(torch.ops.quantized.linear_unpack(x.int8) for x in linears))
+    ints = torch.cat([q.int_repr() for q in qs])                                    # [sum out, in] int8
+    scales = torch.cat([q.q_per_channel_scales() for q in qs])                      # [sum out] float64
+    zeros = torch.cat([q.q_per_channel_zero_points() for q in qs])                  # [sum out]
+    q = torch._make_per_channel_quantized_tensor(ints, scales, zeros, 0)
+    bias = None
+    if any(b is not None for b in biases):
+        bias = torch.cat([b if b is not None else ints.new_zeros(len(q_), dtype=torch.float32)
+                          for b, q_ in zip(biases, qs)])
+    return torch.ops.quantized.linear_prepack(q, bias)
+
+
+class _Layer:
+    """One decoder layer's fused int8 weights and float32 norm weights."""
+
+    def __init__(self, layer: nn.Module):
+        a, m = layer.self_attn, layer.mlp
+        self.qkv = _fuse([a.q_proj, a.k_proj, a.v_proj])       # [in] -> [q | k | v]
+        self.o = a.o_proj.int8
+        self.gate_up = _fuse([m.gate_proj, m.up_proj])         # [in] -> [gate | up]
+        self.down = m.down_proj.int8
+        self.norm1 = layer.input_layernorm.weight.detach().float()            # [H]
+        self.norm2 = layer.post_attention_layernorm.weight.detach().float()   # [H]
+        self.eps1 = layer.input_layernorm.variance_epsilon
+        self.eps2 = layer.post_attention_layernorm.variance_epsilon
+        self.scaling = a.scaling
+        # Qwen3: RMSNorm over each head's q and k before the rotary (weights [d] each): [hq + hkv, d] stacked
+        self.qk_norm = None
+        if getattr(a, "q_norm", None) is not None:
+            hq, hkv = a.config.num_attention_heads, a.config.num_key_value_heads
+            self.qk_norm = torch.cat([a.q_norm.weight.detach().float().expand(hq, -1),
+                                      a.k_norm.weight.detach().float().expand(hkv, -1)])
+            self.qk_eps = a.q_norm.variance_epsilon
+
+
+class Int8Decoder:
+    """forward(ids [1, N], mask [1, 1, N, W] bool, positions [1, N], cache) -> [N, H] decoder output in the
+    network's dtype, for N <= INT8_MAX_ROWS; K/V rows written to `cache` as transformers' forward would."""
+
+    def __init__(self, model: nn.Module):
+        if why := unsupported(model):
+            raise ValueError(f"Int8Decoder: {why}")
+        cfg, dec = model.config, model.model
+        self.embed = dec.embed_tokens
+        self.rotary = dec.rotary_emb
+        self.dtype = self.embed.weight.dtype                   # the network's (K/V cache, output)
+        self.layers = [_Layer(layer) for layer in dec.layers]
+        self.norm = dec.norm.weight.detach().float()
+        self.eps = dec.norm.variance_epsilon
+        self.heads = int(cfg.num_attention_heads)
+        self.kv_heads = int(cfg.num_key_value_heads)
+        self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+        self.inter = int(cfg.intermediate_size)
+
+    @staticmethod
+    def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+        return F.rms_norm(x, w.shape, w, eps)                            # w x / sqrt(mean(x^2) + eps), one op
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
+        n = ids.shape[1]
+        if n > INT8_MAX_ROWS:
+            raise ValueError(f"Int8Decoder runs passes of up to {INT8_MAX_ROWS} rows, got {n}")
+        hq, hkv, d = self.heads, self.kv_heads, self.head_dim
+        x = self.embed(ids)[0].float()                                    # [N, H] float32 from here on
+        cos, sin = self.rotary(x, positions)                              # [1, N, d] float32
+        cos, sin = cos[0, :, None], sin[0, :, None]                       # [N, 1, d]
+        half = d // 2
+        lin = torch.ops.quantized.linear_dynamic
+        for i, layer in enumerate(self.layers):
+            h = self._rms(x, layer.norm1, layer.eps1)
+            qk, v = lin(h, layer.qkv, False).split([(hq + hkv) * d, hkv * d], -1)   # [N, (hq+hkv) d], [N, hkv d]
+            qk = qk.view(n, hq + hkv, d)
+            if layer.qk_norm is not None:
+                qk = F.rms_norm(qk, (d,), None, layer.qk_eps) * layer.qk_norm
+            # rotary positions on q and k at once: t cos + rotate_half(t) sin
+            qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), -1) * sin
+            qk = qk.to(self.dtype).transpose(0, 1)[None]                  # [1, hq+hkv, N, d]
+            k, v = cache.update(qk[:, hq:], v.to(self.dtype).view(n, hkv, d).transpose(0, 1)[None], i)   # [1, hkv, T, d]
+            o = F.scaled_dot_product_attention(qk[:, :hq], k, v, attn_mask=mask, scale=layer.scaling,
+                                               enable_gqa=hq != hkv)      # [1, hq, N, d]
+            x = x + lin(o[0].transpose(0, 1).reshape(n, hq * d).float(), layer.o, False)
+            gate, up = lin(self._rms(x, layer.norm2, layer.eps2), layer.gate_up, False).split(self.inter, -1)
+            x = x + lin(F.silu(gate) * up, layer.down, False)
+        return self._rms(x, self.norm, self.eps).to(self.dtype)          # [N, H]
+
+    __call__ = forward
