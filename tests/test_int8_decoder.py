@@ -126,3 +126,17 @@ def test_every_strategy_equals_ar_with_a_flat_int8_drafter(build):
             ref = generate_ids(pair, base, prompt)
             for strategy in ("sd", "parallel", "cure", "ddtree"):
                 assert generate_ids(pair, base.with_(strategy=strategy), prompt) == ref, (strategy, prompt, k)
+
+
+def test_an_ar_chain_redrafts_nothing_once_its_steps_run_int8():
+    """ArDrafter.redraft_policy: 3 re-drafts where its steps run packed layers (4 rows cost about one), none
+    where they run Int8Decoder (rows cost more there); a config's `redrafts` still overrides it."""
+    from cure_core.drafters.causal import ArDrafter
+    from cure_core.strategies import redraft_policy
+    model = qwen2()
+    K.pack_linears(model)
+    assert ArDrafter(model).redraft_policy.count == 3
+    model = int8_model(qwen2)
+    chain = ArDrafter(model)
+    assert chain.redraft_policy.count == 0
+    assert redraft_policy(DecodeConfig(strategy="cure", redrafts=2), chain).count == 2

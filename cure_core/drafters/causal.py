@@ -115,7 +115,16 @@ class ArDrafter(_CausalDrafter):
     # Its re-drafts are its own chains (in distribution): used alone, not blended; 3 of them make 4 rows a
     # step, what packed kernels cost as one. Chosen on the 1.5B pair's HumanEval 1-20 replay
     # (benchmarks/results/tree_shapes_qwen15b_k8/tuning_he1-20.json).
-    redraft_policy = RedraftPolicy(count=3, weight=1.0)
+    PACKED_REDRAFTS = RedraftPolicy(count=3, weight=1.0)
+    # Under int8 steps (Int8Decoder) a row is no longer free: 4 rows cost ~1.2x one. On the 1.5B pair's tuning
+    # prompts cure ran 1.024x with 1 re-draft and 1.043x with none, against 3 (faster on every set;
+    # benchmarks/results/int8_decoder_qwen15b_cpu, tune24_redrafts.json).
+    INT8_REDRAFTS = RedraftPolicy(count=0, weight=1.0)
+
+    @property
+    def redraft_policy(self) -> RedraftPolicy:
+        """Rule: none where this drafter's steps run Int8Decoder, 3 where they run packed (or eager) layers."""
+        return self.INT8_REDRAFTS if self.lm.int8_decoder() is not None else self.PACKED_REDRAFTS
 
     def propose(self, root: int, n: int, top_k: int) -> Proposal:
         return self.propose_with_redrafts(root, n, top_k, 0)
