@@ -1,13 +1,17 @@
 """A flat forward for an int8 drafter's short passes (chain steps, re-draft rows): gpt-fast style.
 
 Why: under `--draft-dtype int8` a chain step of the 0.5B drafter is one row through 168 int8 matmuls (about
-21 ms at 2 threads), but transformers' forward took 38-40 ms a step: its bfloat16 network casts every
+21 ms at 2 threads), but transformers' forward took 39-43 ms a step: its bfloat16 network casts every
 int8 matmul's float32 output back (about 400 casts a step), plus its modules' per-call work. This forward
 runs the same weights with a float32 residual stream, so an int8 matmul's float32 output is used as it is;
 q/k/v and gate/up are each one int8 matmul (their rows concatenated: the same int8 values and scales, and
 the same input, so the same sums). Only K/V (written to the cache, which the network's own long passes
-share) and the decoder's output are cast to the network's dtype. Measured on the 0.5B (2 threads, one row
-after a 150-token prefill): see benchmarks/results/README.md, int8 decoder.
+share) and the decoder's output are cast to the network's dtype: ~32 ms a step (the 0.5B, 2 threads, one row
+after a 150-token prefill; benchmarks/results/README.md, int8_decoder_qwen15b_cpu).
+
+Memory: the fused q/k/v and gate/up weights are a second int8 copy of those layers (about 65% of the
+decoder's int8 bytes; ~0.23 GB for the 0.5B). The layers keep theirs: transformers' forward over the same
+model object (HF assisted generation in benchmarks/peers.py, passes with hidden states) still runs them.
 
 Rule: speed only. A drafter's rows change by rounding (float32 norms and rotary instead of bfloat16), never
 a verified token: the target verifies every one. Passes of more than INT8_MAX_ROWS rows (a prefill) and
