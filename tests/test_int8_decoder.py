@@ -140,3 +140,25 @@ def test_an_ar_chain_redrafts_nothing_once_its_steps_run_int8():
     chain = ArDrafter(model)
     assert chain.redraft_policy.count == 0
     assert redraft_policy(DecodeConfig(strategy="cure", redrafts=2), chain).count == 2
+
+
+def test_the_peers_variant_int8_decoder_off_runs_transformers_forward_then_restores():
+    """benchmarks/peers.py `STRATEGY:int8_decoder=off`: within a generation the drafters run transformers'
+    forward (CachedLM.int8 None), and their Int8Decoder is back after it, also after an error."""
+    from conftest import benchmark_script
+    target = qwen2()
+    draft = perturbed_copy(target, noise=0.2)
+    pair = make_pair(target, draft)
+    K.pack_linears(draft, int8=True)
+    decs = [pair.drafter.lm.int8_decoder(), pair.ar_drafter.lm.int8_decoder()]
+    with benchmark_script("peers") as peers:
+        with peers.without_int8_decoder(pair, off=True):
+            assert pair.drafter.lm.int8 is None and pair.ar_drafter.lm.int8 is None
+            ref = generate_ids(pair, DecodeConfig(strategy="sd", k=6, max_new_tokens=12), [5, 6, 7])
+        assert [pair.drafter.lm.int8, pair.ar_drafter.lm.int8] == decs
+        with pytest.raises(RuntimeError), peers.without_int8_decoder(pair, off=True):
+            raise RuntimeError("a failed generation")
+        assert [pair.drafter.lm.int8, pair.ar_drafter.lm.int8] == decs
+        with peers.without_int8_decoder(pair, off=False):
+            assert pair.ar_drafter.lm.int8 is decs[1]
+    assert generate_ids(pair, DecodeConfig(strategy="sd", k=6, max_new_tokens=12), [5, 6, 7]) == ref
