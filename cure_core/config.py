@@ -61,7 +61,7 @@ class DecodeConfig:
                                   # best substitutions | paper: branch 0 + repair branches at UFPs (the paper's)
     redrafts: int | None = None   # best-first: substitutions whose subtree is re-drafted per block (one pass);
                                   # None: the drafter's (Drafter.redraft_policy: 2 for DFlash, 3 for an AR
-                                  # chain, 0 for one whose steps run int8: ArDrafter)
+                                  # chain, 0 for one whose layers run int8: ArDrafter)
     redraft_weight: float | None = None  # best-first: weight of the re-drafted distribution below a substitution,
                                   # blended with the proposal's (1: the re-draft alone; strategies.blend);
                                   # None: the drafter's (0.5 for DFlash, 1 for an AR chain)

@@ -95,6 +95,11 @@ def is_packed(model: nn.Module) -> bool:
     return any(isinstance(m, PackedLinear) for m in model.modules())
 
 
+def is_int8(model: nn.Module) -> bool:
+    """Whether pack_linears(int8=True) has run on `model` (any of its layers is an Int8Linear)."""
+    return any(isinstance(m, Int8Linear) for m in model.modules())
+
+
 class PackedLinear(nn.Module):
     """y = x W^T + b with W packed once by oneDNN. Inference only; with autograd on, it falls back to
     F.linear on the kept weight (the output head) or refuses (every other layer dropped its W)."""

@@ -130,7 +130,7 @@ def test_every_strategy_equals_ar_with_a_flat_int8_drafter(build):
 
 def test_an_ar_chain_redrafts_nothing_once_its_steps_run_int8():
     """ArDrafter.redraft_policy: 3 re-drafts where its steps run packed layers (4 rows cost about one), none
-    where they run Int8Decoder (rows cost more there); a config's `redrafts` still overrides it."""
+    where they run int8 layers (rows cost more there); a config's `redrafts` still overrides it."""
     from cure_core.drafters.causal import ArDrafter
     from cure_core.strategies import redraft_policy
     model = qwen2()
@@ -154,6 +154,7 @@ def test_the_peers_variant_int8_decoder_off_runs_transformers_forward_then_resto
     with benchmark_script("peers") as peers:
         with peers.without_int8_decoder(pair, off=True):
             assert pair.drafter.lm.int8 is None and pair.ar_drafter.lm.int8 is None
+            assert pair.ar_drafter.redraft_policy.count == 0      # the layers still run int8: only the forward A/Bs
             ref = generate_ids(pair, DecodeConfig(strategy="sd", k=6, max_new_tokens=12), [5, 6, 7])
         assert [pair.drafter.lm.int8, pair.ar_drafter.lm.int8] == decs
         with pytest.raises(RuntimeError), peers.without_int8_decoder(pair, off=True):

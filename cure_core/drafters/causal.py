@@ -15,6 +15,7 @@ from typing import Sequence
 
 import torch
 
+from ..cpu_kernels import is_int8
 from ..lm import CachedLM, Forward
 from ..tree import DraftTree
 from .base import DEFAULT_REDRAFTS, ChainSubstitutions, Proposal, RedraftPolicy, proposals, top_k_logprobs
@@ -38,6 +39,7 @@ class _CausalDrafter:
         self.pending: list[int] = []
         self.root_fed = False           # propose() put this block's root in the cache
         self.context: list[int] = []    # every token given by reset + advance: the cache's rows, then pending
+        self._int8_layers: bool | None = None   # the model's layers are Int8Linear (ArDrafter.redraft_policy)
 
     def _logits(self, logits: torch.Tensor) -> torch.Tensor:
         return logits[..., : self.vocab_size] if self.vocab_size else logits
@@ -116,15 +118,20 @@ class ArDrafter(_CausalDrafter):
     # step, what packed kernels cost as one. Chosen on the 1.5B pair's HumanEval 1-20 replay
     # (benchmarks/results/tree_shapes_qwen15b_k8/tuning_he1-20.json).
     PACKED_REDRAFTS = RedraftPolicy(count=3, weight=1.0)
-    # Under int8 steps (Int8Decoder) a row is no longer free: 4 rows cost ~1.2x one. On the 1.5B pair's tuning
-    # prompts cure ran 1.024x with 1 re-draft and 1.043x with none, against 3 (faster on every set;
-    # benchmarks/results/int8_decoder_qwen15b_cpu, tune24_redrafts.json).
+    # Under int8 steps (Int8Linear layers: fbgemm's int8 matmul) a row is no longer free: 4 rows cost ~1.3x one
+    # (the 0.5B's layers: 20 ms at 1 row, 26 at 4). On the 1.5B pair's tuning prompts cure ran 1.024x with 1
+    # re-draft and 1.043x with none, against 3 (faster on every set; benchmarks/results/int8_decoder_qwen15b_cpu,
+    # tune24_redrafts.json).
     INT8_REDRAFTS = RedraftPolicy(count=0, weight=1.0)
 
     @property
     def redraft_policy(self) -> RedraftPolicy:
-        """Rule: none where this drafter's steps run Int8Decoder, 3 where they run packed (or eager) layers."""
-        return self.INT8_REDRAFTS if self.lm.int8_decoder() is not None else self.PACKED_REDRAFTS
+        """Rule: none where this drafter's layers run int8 matmuls, whichever forward runs them (Int8Decoder or
+        transformers'), 3 where they run packed (or eager) ones. Decided on first use: load_pair packs a
+        drafter's layers after building it."""
+        if self._int8_layers is None:
+            self._int8_layers = is_int8(self.model)
+        return self.INT8_REDRAFTS if self._int8_layers else self.PACKED_REDRAFTS
 
     def propose(self, root: int, n: int, top_k: int) -> Proposal:
         return self.propose_with_redrafts(root, n, top_k, 0)
