@@ -461,10 +461,27 @@ class BudgetTuner:
         r = self.rate(v)
         if r is None:
             return None
-        node = (self.verify_ms(v) - self.verify_ms(0)) / v
-        theta = r * (self.cost_line()[1] + node)
+        theta = r * (self.cost_line()[1] + self.node_ms(v))
         # the chain's tokens are accepted with probability p^gamma, not p: stop where p^gamma < theta
         return math.log(min(theta, 1.0)) / self.calibration() if theta > 0 else None
+
+    def node_ms(self, v: int) -> float:
+        """One verified node's time at budget v: (C_v(v) - C_v(0)) / v."""
+        return (self.verify_ms(v) - self.verify_ms(0)) / v
+
+    def alt_floor(self, v: int) -> float:
+        """The joint draft log-prob (calibrated: strategies.best_first `weight`) a node off the drafted chain
+        needs to join a tree of budget v (best_first `floor`). Rule: as for a chain position (`draft_stop`), a
+        node is worth its row while what it can add, at most P(the target accepts it) = p^gamma tokens, beats
+        what its time would earn at the predicted rate: p^gamma >= rate(v) x `node_ms`. The chain's positions
+        pass the draft stop's bar, which holds the same row and a drafter step; the tree's alternatives had
+        none, and the budget let them in wherever the chain left room. -inf before anything is rated and at
+        budget 0."""
+        r = self.rate(v) if v > 0 and self.costs else None
+        if r is None:
+            return -math.inf
+        price = r * self.node_ms(v)
+        return math.log(min(price, 1.0)) / self.calibration() if price > 0 else -math.inf
 
     def calibration(self) -> float:
         """gamma: the target accepts a chain whose joint draft probability is p with probability about

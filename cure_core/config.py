@@ -76,6 +76,11 @@ class DecodeConfig:
                                   # the next node's calibrated acceptance pays for its verification row at the
                                   # predicted rate (BudgetTuner.admission); off: neutral on both embedded pairs
                                   # (benchmarks/results/admit_ab2_*)
+    alt_floor: bool = True        # best-first under --v-max auto over a sequential drafter (with draft_stop): a
+                                  # node off the drafted chain (a substitution or below one) joins only where
+                                  # its calibrated acceptance pays for its row (BudgetTuner.alt_floor)
+    draft_stop: bool = True       # best-first over a sequential (AR chain) drafter: stop drafting once the
+                                  # chain is too unlikely to pay for its next step (BudgetTuner.draft_stop)
     calibrate: bool = True        # best-first: rank nodes by the target's acceptance fitted online at T=0, a
                                   # lower candidate's log-prob weighted against a top-1's (calibration.py);
                                   # False: the drafter's joint log-prob alone, as ddtree

@@ -24,7 +24,7 @@ from .metrics import common_prefix
 from .lookup import Graft, LookupStats, NgramIndex
 from .redraft_price import RedraftPrice
 from .calibration import NodeCalibration
-from .strategies import (CHAIN_STRATEGIES, admits, build_tree, calibrates, drafted_steps, path_nodes,
+from .strategies import (CHAIN_STRATEGIES, admits, build_tree, floors, calibrates, drafted_steps, path_nodes,
                          prices_redraft_pass, propose, stops_drafting, uses_lookup)
 from .tree import DraftTree, greedy_accept, sample_accept
 
@@ -217,6 +217,7 @@ class Engine:
         price = self.fixed_price_for(cfg) if drafter is not None else None
         lookup = self._lookups.setdefault(self.tuner_key(cfg), LookupStats()) if uses_lookup(cfg) else None
         extends = tuner is not None and drafter is not None and admits(cfg)     # nodes past the budget
+        floored = tuner is not None and drafter is not None and floors(cfg, drafter)   # alternatives that pay
         calibration = (self._calibrations.setdefault(self.tuner_key(cfg), NodeCalibration())
                        if drafter is not None and calibrates(cfg) else None)
         sequential = getattr(drafter, "sequential", False)
@@ -308,6 +309,7 @@ class Engine:
             plan = build_tree(block_cfg, proposal, drafter, graft, redraft, graft_on,
                               flip=graft is not None and greedy and lookup.flips.measures(budget), admit=admit,
                               weight=fitted if weighs else 1.0,
+                              floor=tuner.alt_floor(budget) if floored else -math.inf,
                               weight_alt=(1.0 if weighs else fitted)
                               if fitted != 1.0 and greedy and calibration.flips.measures(budget) else None)
             tree = plan.tree
@@ -386,7 +388,7 @@ class Engine:
                 # the chain's depths the tree holds: those the target could accept)
                 # (and where the tree could admit nodes past its budget: `calibration` prices them)
                 chain_logp = (proposal.top_logprobs[: len(branch0), 0].tolist()
-                              if (draft_stop is not None or admit) and proposal is not None else None)
+                              if (draft_stop is not None or admit or floored) and proposal is not None else None)
                 tuner.observe(block, budget, clipped, chain_logp)
             yield block
             new += len(emitted)

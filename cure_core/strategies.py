@@ -80,6 +80,16 @@ def admits(cfg: DecodeConfig) -> bool:
     return cfg.admit and cfg.auto_budget and cfg.strategy == "cure" and cfg.cure_tree == "best-first"
 
 
+def floors(cfg: DecodeConfig, drafter) -> bool:
+    """Rule: best-first cure under `--v-max auto` verifies a node off its drafted chain only where it pays for
+    its row (`alt_floor`; BudgetTuner.alt_floor), where the chain's own positions were priced too: over a
+    sequential drafter under the draft stop (`stops_drafting`). Over a block-parallel drafter the block's
+    chain comes whole, however unlikely its deep positions, and a floor on the alternatives alone handed their
+    rows to worse chain nodes (the default pair's tuning prompts: 0.991x; benchmarks/results/alt_floor_ab_cpu).
+    ddtree stays the reference rule, the paper tree the paper's, and a fixed budget is the user's."""
+    return cfg.alt_floor and cfg.auto_budget and stops_drafting(cfg, drafter)
+
+
 def drafted_steps(cfg: DecodeConfig, budget: int) -> int:
     """Positions drafted, at most, for a tuner's budget of `budget` nodes (0: no draft, the target steps
     alone). Rule: min(budget, K-1), a shorter block; larger budgets leave room for width and repairs.
@@ -94,7 +104,8 @@ def stops_drafting(cfg: DecodeConfig, drafter) -> bool:
     is likely enough to pay for the next step (`draft_stop`); the budget it does not spend on depth goes
     to width and re-drafted repairs. Block-parallel drafters draft their block in one pass (nothing to
     save), and ddtree / sd stay their reference rules."""
-    return cfg.strategy == "cure" and cfg.cure_tree == "best-first" and getattr(drafter, "sequential", False)
+    return (cfg.draft_stop and cfg.strategy == "cure" and cfg.cure_tree == "best-first"
+            and getattr(drafter, "sequential", False))
 
 
 def redraft_policy(cfg: DecodeConfig, drafter) -> RedraftPolicy:
@@ -136,7 +147,7 @@ def propose(cfg: DecodeConfig, drafter: Drafter, root: int, n: int, stop_logp: f
 def build_tree(cfg: DecodeConfig, proposal: Proposal | None, drafter: Drafter | None,
                graft: Graft | None = None, redraft: bool = True, graft_on: bool = True,
                flip: bool = False, admit: Sequence[float] = (), weight: float = 1.0,
-               weight_alt: float | None = None) -> TreePlan:
+               weight_alt: float | None = None, floor: float = -math.inf) -> TreePlan:
     """The block's tree. `redraft=False`: best-first cure skips its re-draft pass (the tuner's
     `redraft_pays` or a fixed budget's RedraftPrice), so the tree is ddtree's (with the lookup graft).
     `graft_on=False`: the lookup continuation `graft` stays out of the heap (LookupStats.flips);
@@ -144,7 +155,9 @@ def build_tree(cfg: DecodeConfig, proposal: Proposal | None, drafter: Drafter | 
     `admit`: best-first cure's nodes past the budget (best_first; BudgetTuner.admission), in every tree it
     builds, so what the re-draft pass and the graft win is measured between trees of the same rule.
     `weight`: best-first cure's weight of a lower candidate's log-prob (calibration.NodeCalibration), in every
-    tree it builds; `weight_alt`: also build the tree with that weight instead (TreePlan.weight_alt)."""
+    tree it builds; `weight_alt`: also build the tree with that weight instead (TreePlan.weight_alt).
+    `floor`: best-first cure's score a node off the drafted chain needs (best_first; BudgetTuner.alt_floor),
+    in every tree it builds."""
     if cfg.strategy == "ar" or proposal is None:
         return TreePlan(DraftTree())
     if cfg.strategy in CHAIN_STRATEGIES:
@@ -155,7 +168,7 @@ def build_tree(cfg: DecodeConfig, proposal: Proposal | None, drafter: Drafter | 
         return build_cure_tree(cfg, proposal, drafter)
     if cfg.strategy == "cure":
         return build_cure_best_first(cfg, proposal, drafter, graft, redraft, graft_on, flip, admit, weight,
-                                     weight_alt)
+                                     weight_alt, floor)
     return TreePlan(build_ddtree(cfg, proposal))
 
 
@@ -221,7 +234,8 @@ PATH_RANK = 1 << 30        # heap ranks of grafted path tokens: after any table 
 
 
 def best_first(base: Table, budget: int, under: dict[tuple[int, ...], Table] | None = None,
-               graft: Graft | None = None, admit: Sequence[float] = (), weight: float = 1.0) -> BestFirst:
+               graft: Graft | None = None, admit: Sequence[float] = (), weight: float = 1.0,
+               floor: float = -math.inf) -> BestFirst:
     """The `budget` nodes of highest joint draft log-prob (DDTree's Algorithm 1).
 
     A node at depth d holding the j-th candidate scores its parent's score + log q_d(candidate); every
@@ -236,7 +250,10 @@ def best_first(base: Table, budget: int, under: dict[tuple[int, ...], Table] | N
     `admit` (BudgetTuner.admission): past `budget`, the (n+1)-th node still joins while its score is at least
     admit[n] (n < len(admit)); scores only fall as the heap pops, so the tree is still the best of its size.
     `weight` (best-first cure: calibration.NodeCalibration): a lower candidate (rank >= 1) adds weight x its
-    log-prob, a top-1 candidate its log-prob; 1 is the reference rule."""
+    log-prob, a top-1 candidate its log-prob; 1 is the reference rule.
+    `floor` (best-first cure: BudgetTuner.alt_floor): a node off the base table's top-1 chain (a substitution,
+    or anything below one) joins only with a score of at least `floor`; the chain's own nodes and the graft's
+    are bounded by the budget alone. Its descendants score no more than it, so none is lost that could pass."""
     under = under or {}
     out = BestFirst()
     tree = out.tree
@@ -285,6 +302,8 @@ def best_first(base: Table, budget: int, under: dict[tuple[int, ...], Table] | N
         # descendants continue (what the UI colours as repairs).
         # (A branch is numbered by its first node: index + 1.)
         on_chain = rank == 0 and table is base and (parent < 0 or tree.branches[parent] == 0)
+        if node is None and not on_chain and score < floor:  # a new row off the chain that would not pay
+            continue
         at = len(tree) if node is None else node
         branch = 0 if on_chain else (tree.branches[parent] if rank == 0 and parent >= 0 else at + 1)
         if node is None:
@@ -371,7 +390,7 @@ def substitutions(bf: BestFirst, depth_limit: int, count: int) -> list[int]:
 def build_cure_best_first(cfg: DecodeConfig, proposal: Proposal, drafter: Drafter,
                           graft: Graft | None = None, redraft: bool = True, graft_on: bool = True,
                           flip: bool = False, admit: Sequence[float] = (), weight: float = 1.0,
-                          weight_alt: float | None = None) -> TreePlan:
+                          weight_alt: float | None = None, floor: float = -math.inf) -> TreePlan:
     """Repair-aware best-first: the ddtree of the block, then the subtrees under its best substitutions
     (`redraft_policy`: how many, and the blend weight) re-drafted in ONE batched drafter pass conditioned
     on the substituted token, then best-first again with the re-drafted log-probs competing for the same
@@ -395,7 +414,7 @@ def build_cure_best_first(cfg: DecodeConfig, proposal: Proposal, drafter: Drafte
         """The block's tree with one choice flipped (the graft, or the node weight), where it is exactly the
         tree the block would otherwise have verified: with a chain's own re-drafts `under` (they do not depend
         on the tree), or with no pass where that tree would not have re-drafted either (None: no measurement)."""
-        bf = best_first(base, cfg.v_max, under, graft_, admit, weight_)
+        bf = best_first(base, cfg.v_max, under, graft_, admit, weight_, floor)
         return None if under is None and redraft and substitutions(bf, n, policy.count) else bf.tree
     if fused and proposal.redrafts:
         # A causal chain drafter chose its substitutions as it drafted (chain_substitutions, best first)
@@ -405,7 +424,7 @@ def build_cure_best_first(cfg: DecodeConfig, proposal: Proposal, drafter: Drafte
         # a replay (no re-drafts in the proposal) asks for the same prefixes
         prefixes = [list(p) for p in chain_substitutions(proposal.top_ids, proposal.top_logprobs, fused, n)]
     else:
-        first = best_first(base, cfg.v_max, graft=graft, admit=admit, weight=weight)
+        first = best_first(base, cfg.v_max, graft=graft, admit=admit, weight=weight, floor=floor)
         prefixes = [list(first.paths[i]) for i in substitutions(first, n, policy.count)] if redraft else []
         if not prefixes:
             return TreePlan(first.tree, lookup_nodes=graft_nodes(first.tree, graft), grafted=graft is not None,
@@ -425,7 +444,7 @@ def build_cure_best_first(cfg: DecodeConfig, proposal: Proposal, drafter: Drafte
         tables = blend(proposal.top_ids, proposal.top_logprobs, 1,
                        [(len(p) + 1, r.top_ids, r.top_logprobs) for p, r in live], policy.weight)
         under = {p: t for (p, _), t in zip(live, tables)}
-    final = best_first(base, cfg.v_max, under, graft, admit, weight)
+    final = best_first(base, cfg.v_max, under, graft, admit, weight, floor)
     # the re-drafted substitutions that made it into the tree, as UFPs
     by_pos: dict[int, list[int]] = {}
     for p in prefixes:

@@ -167,6 +167,9 @@ def test_cure_over_an_ar_chain_stops_drafting_where_the_chain_gets_unlikely(targ
         def admission(self, v):                         # no nodes past the budget
             return ()
 
+        def alt_floor(self, v):                         # every alternative the budget holds
+            return -math.inf
+
     handed = {}
     monkeypatch.setattr(Engine, "_make_tuner", lambda self, cfg: Cycle())
     pair = ar_pair(target, drafts["mild"])
@@ -184,7 +187,8 @@ def test_cure_over_an_ar_chain_stops_drafting_where_the_chain_gets_unlikely(targ
         steps = drafted_steps(cfg, b.meta["v_max"])
         if strategy == "ddtree" or "draft_stop" not in b.meta:
             assert len(b.draft) == steps and "draft_stop" not in b.meta
-            assert handed[b.index] is None                # no stop, nothing to calibrate
+            # ddtree: no stop, no floor, nothing to calibrate; cure's alternatives' floor (alt_floor) calibrates
+            assert handed[b.index] is None if strategy == "ddtree" or not b.draft else handed[b.index]
             continue
         assert 1 <= len(b.draft) <= steps                 # the rule itself: test_the_chain_stops_...
         stopped += len(b.draft) < steps
@@ -220,6 +224,9 @@ def test_a_block_with_no_room_to_draft_under_a_draft_stop(target, drafts, monkey
         def admission(self, v):                         # no nodes past the budget
             return ()
 
+        def alt_floor(self, v):                         # every alternative the budget holds
+            return -math.inf
+
     monkeypatch.setattr(Engine, "_make_tuner", lambda self, cfg: Fixed())
     pair = ar_pair(target, drafts["mild"])
     prompt = list(b"x = [1, 2,")
@@ -227,6 +234,50 @@ def test_a_block_with_no_room_to_draft_under_a_draft_stop(target, drafts, monkey
         cfg = DecodeConfig(strategy="cure", k=6, v_max=12, max_new_tokens=n, auto_budget=True, lookup=0)
         ref = generate_ids(pair, cfg.with_(strategy="ar", auto_budget=False), prompt)
         assert [t for b in Engine(pair, cfg).generate(prompt) for t in b.emitted] == ref
+
+
+@pytest.mark.parametrize("floor", [0.0, -math.inf])
+def test_cure_over_a_chain_verifies_alternatives_only_above_the_tuners_floor(target, drafts, floor, monkeypatch):
+    """BudgetTuner.alt_floor reaches the tree: at a floor of log 1 no node off the drafted chain is verified,
+    whatever room the budget leaves (budget 8 over 5 drafted positions); at -inf the budget fills with
+    alternatives. Both equal ar."""
+    from cure_core.engine import Engine
+
+    class Fixed:                                       # budget 8, no draft stop, the floor given
+        last_prediction, last_phase, candidates, last_choice = None, "settled", [0, 8], 8
+
+        def choose(self):
+            return 8
+
+        def draft_stop(self, v):
+            return None
+
+        def observe(self, block, budget, clipped=False, chain_logp=None):
+            pass
+
+        def best_tree(self):
+            return None
+
+        def admission(self, v):
+            return ()
+
+        def alt_floor(self, v):
+            return floor
+
+    monkeypatch.setattr(Engine, "_make_tuner", lambda self, cfg: Fixed())
+    pair = ar_pair(target, drafts["mild"])
+    prompt = list(b"def add(a, b):\n    return")
+    cfg = DecodeConfig(strategy="cure", k=6, v_max=8, max_new_tokens=40, auto_budget=True, lookup=0)
+    blocks = list(Engine(pair, cfg).generate(prompt))
+    assert [t for b in blocks for t in b.emitted] == generate_ids(pair, cfg.with_(strategy="ar", auto_budget=False), prompt)
+    off_chain = [sum(n.branch != 0 for n in b.nodes) for b in blocks]
+    if floor == 0.0:
+        assert not any(off_chain) and all(b.tree_size == len(b.draft) for b in blocks)
+    else:
+        assert sum(off_chain) >= len(blocks) and all(b.tree_size <= 8 for b in blocks)
+    # off (alt_floor False) the tuner's floor is not asked for
+    cfg_off = cfg.with_(alt_floor=False)
+    assert any(sum(n.branch != 0 for n in b.nodes) for b in Engine(pair, cfg_off).generate(prompt))
 
 
 def test_the_chain_stops_at_the_first_position_below_the_threshold(target, drafts):

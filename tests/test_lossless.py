@@ -1,6 +1,7 @@
 """Losslessness: every strategy emits exactly ar's tokens at temperature 0 in float32."""
 import dataclasses
 import itertools
+import math
 import time
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -51,6 +52,8 @@ def configs(draw):
         redrafts=draw(st.integers(0, 4)),
         admit=draw(st.booleans()),
         calibrate=draw(st.booleans()),
+        alt_floor=draw(st.booleans()),
+        draft_stop=draw(st.booleans()),
     )
 
 
@@ -314,6 +317,9 @@ def test_blocks_without_a_draft_keep_the_drafter_in_sync(target, strategy, monke
 
         def admission(self, v):                        # no nodes past the budget
             return ()
+
+        def alt_floor(self, v):                        # every alternative the budget holds
+            return -math.inf
 
     monkeypatch.setattr(Engine, "_make_tuner", lambda self, cfg: Alternate())
     if strategy == "sd":
@@ -696,6 +702,24 @@ def test_budget_tuner_draft_stop_prices_one_more_position_at_the_predicted_rate(
     assert math.exp(t.draft_stop(4)) == pytest.approx(rate * (40.0 + 5.0))
     assert BudgetTuner(curve, [0, 4]).draft_stop(4) is None            # block-parallel: one pass anyway
     assert t.draft_stop(0) is None
+
+
+def test_budget_tuner_alt_floor_prices_one_more_verified_node_at_the_predicted_rate():
+    """alt_floor: p^gamma >= rate(V) x verify ms per node, as a log-prob: an alternative whose calibrated
+    acceptance is below that cannot add as many tokens as its row's time earns; -inf before a rate exists
+    and at budget 0; for block-parallel drafters too (a row costs the same whoever drafted it)."""
+    import math
+
+    from cure_core.budget import BudgetTuner, CostCurve
+
+    curve = CostCurve((0, 8), (100.0, 140.0))                         # 5 ms a node
+    for steps in (lambda v: v, None):
+        t = BudgetTuner(curve, [0, 1, 2, 4, 8], steps=steps)
+        assert t.alt_floor(4) == -math.inf                             # nothing measured yet
+        for i in range(1, 5):
+            t.observe(tuner_block([0, 1], 4, draft_ms=160.0, index=i, drafted=4), 4)
+        assert t.alt_floor(4) == pytest.approx(math.log(t.rate(4) * 5.0) / t.calibration())
+        assert t.alt_floor(0) == -math.inf
 
 
 def test_budget_tuner_prices_a_chain_per_block_and_per_position():

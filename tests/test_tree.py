@@ -364,3 +364,29 @@ def test_best_first_admits_nodes_past_its_budget_while_their_scores_reach_the_ba
     assert len(got.tree) == n and n >= budget
     assert all(s >= bar for s in got.scores[budget:])
     assert best_first(base, budget).tree.tokens == full.tree.tokens[:budget]        # no bar: the budget, exactly
+
+
+@pytest.mark.parametrize("floor", [-0.5, -1.5, -3.0, -math.inf])
+def test_best_first_floor_keeps_the_chain_and_drops_alternatives_below_it(floor):
+    """`floor` (BudgetTuner.alt_floor): a node off the base table's top-1 chain joins only with a score of at
+    least the floor; the chain's nodes are bounded by the budget alone. The tree is the unfloored tree's nodes
+    that pass, in the same order, where the budget is not reached."""
+    from cure_core.strategies import Table, best_first
+    gen = torch.Generator().manual_seed(7)
+    logp = torch.log_softmax(torch.randn(4, 3, generator=gen) * 2, -1).sort(-1, descending=True)
+    ids = torch.arange(12).reshape(4, 3)                              # distinct ids in a row: no repeated node
+    base = Table(ids.tolist(), logp.values.tolist())
+    budget = 200                                                      # more than the table's 120 paths
+    full = best_first(base, budget)
+    got = best_first(base, budget, floor=floor)
+    keep = [i for i in range(len(full.tree)) if full.tree.branches[i] == 0 or full.scores[i] >= floor]
+    assert [full.paths[i] for i in keep] == got.paths
+    assert len(full.tree) < budget                                    # the whole table: the floor alone cuts
+    chain = [i for i in range(len(got.tree)) if got.tree.branches[i] == 0]
+    assert len(chain) == 4                                            # every drafted position, whatever its score
+    assert all(got.scores[i] >= floor for i in range(len(got.tree)) if got.tree.branches[i] != 0)
+    if floor > -math.inf:
+        assert len(got.tree) < len(full.tree)
+    # within a budget the chain still competes with the alternatives that pass, best first
+    small = best_first(base, 4, floor=floor)
+    assert small.paths == got.paths[:4]
