@@ -313,7 +313,8 @@ def block_records(blocks, cfg, views=None) -> list[dict]:
         steps = drafted_steps(cfg, budget) if cfg.auto_budget and budget is not None else cfg.depth
         room = min(cfg.depth, cfg.max_new_tokens - new - 1)
         rec = {"budget": budget, "tuning": b.meta.get("tuning"), "tree": len(b.nodes), "drafted": len(b.draft),
-               "draft_stop": b.meta.get("draft_stop"), "accepted": len(b.accepted),
+               "draft_stop": b.meta.get("draft_stop"), "alt_floor": b.meta.get("alt_floor"),
+               "accepted": len(b.accepted),
                "chain_accepted": b.branch0_accepted,
                "stopped": "draft_stop" in b.meta and len(b.draft) < min(steps, room),
                "draft_ms": round(b.timings.draft_ms, 2), "verify_ms": round(b.timings.verify_ms, 2)}

@@ -306,10 +306,12 @@ class Engine:
             fitted = calibration.weight() if calibration is not None else 1.0
             weighs = fitted != 1.0 and calibration.flips.allows(budget)
             greedy = cfg.temperature == 0
+            # nodes off the drafted chain join where they pay for their row (BudgetTuner.alt_floor)
+            floor = tuner.alt_floor(budget) if floored else -math.inf
             plan = build_tree(block_cfg, proposal, drafter, graft, redraft, graft_on,
                               flip=graft is not None and greedy and lookup.flips.measures(budget), admit=admit,
                               weight=fitted if weighs else 1.0,
-                              floor=tuner.alt_floor(budget) if floored else -math.inf,
+                              floor=floor,
                               weight_alt=(1.0 if weighs else fitted)
                               if fitted != 1.0 and greedy and calibration.flips.measures(budget) else None)
             tree = plan.tree
@@ -374,7 +376,7 @@ class Engine:
                                 tree_ms=(t_tree_end - t_tree) * 1e3 - plan.redraft_ms,
                                 verify_ms=(t_verify - t_tree_end) * 1e3, commit_ms=(t_commit - t_verify) * 1e3),
                 stop=stop, meta=self._budget_meta(tuner, budget, cfg, draft_stop, redraft,
-                                                  graft is not None and not graft_on, len(tree) - budget))
+                                                  graft is not None and not graft_on, len(tree) - budget, floor))
             if plan.unrepaired is not None and cfg.temperature == 0 and (tuner is not None or price is not None):
                 # what the re-draft pass won: the target's greedy path (accepted + bonus) walked down the
                 # tree before the pass holds `held` of its tokens, and that tree would have accepted them
@@ -399,7 +401,8 @@ class Engine:
 
     @staticmethod
     def _budget_meta(tuner: BudgetTuner | None, budget: int, cfg: DecodeConfig, draft_stop: float | None = None,
-                     redraft: bool = True, withheld: bool = False, past: int = 0) -> dict:
+                     redraft: bool = True, withheld: bool = False, past: int = 0,
+                     floor: float = -math.inf) -> dict:
         meta = {} if tuner is None else {"v_max": budget, "predicted_speedup": tuner.last_prediction,
                                          "tuning": tuner.last_phase}
         if withheld:
@@ -412,6 +415,8 @@ class Engine:
             meta["redraft"] = "skipped"                  # BudgetTuner.redraft_pays: the pass would not pay
         if draft_stop is not None:
             meta["draft_stop"] = round(math.exp(draft_stop), 4)   # the chain probability it drafted down to
+        if floor > -math.inf:
+            meta["alt_floor"] = round(math.exp(floor), 4)        # the joint draft probability an alternative needed
         if past > 0:
             meta["admitted"] = past                      # nodes past the budget (BudgetTuner.admission)
         if budget == 0:

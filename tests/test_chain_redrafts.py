@@ -273,7 +273,9 @@ def test_cure_over_a_chain_verifies_alternatives_only_above_the_tuners_floor(tar
     off_chain = [sum(n.branch != 0 for n in b.nodes) for b in blocks]
     if floor == 0.0:
         assert not any(off_chain) and all(b.tree_size == len(b.draft) for b in blocks)
+        assert all(b.meta["alt_floor"] == 1.0 for b in blocks if b.draft)      # what the trace shows
     else:
+        assert not any("alt_floor" in b.meta for b in blocks)
         assert sum(off_chain) >= len(blocks) and all(b.tree_size <= 8 for b in blocks)
     # off (alt_floor False) the tuner's floor is not asked for
     cfg_off = cfg.with_(alt_floor=False)
