@@ -199,6 +199,10 @@ def test_cure_over_an_ar_chain_stops_drafting_where_the_chain_gets_unlikely(targ
         assert [n.token for n in chain] == list(b.draft[: len(lp)]) and all(x <= 0 for x in lp)
     if strategy == "cure":
         assert stopped and any(b.tree_size > len(b.draft) > 0 for b in full)      # width where it stopped
+        # `draft_stop` off (the A/B knob): the tuner's stop is not asked for; the output is the same
+        off = list(Engine(pair, cfg.with_(draft_stop=False)).generate(prompt))
+        assert not any("draft_stop" in b.meta for b in off)
+        assert [t for b in off for t in b.emitted] == [t for b in blocks for t in b.emitted]
 
 
 def test_a_block_with_no_room_to_draft_under_a_draft_stop(target, drafts, monkeypatch):
