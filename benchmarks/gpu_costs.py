@@ -20,16 +20,27 @@ Results of the H200 runs and their commands: benchmarks/results/README.md, secti
 3. With --lossless N: every strategy (and the compiled, dynamic-KV and auto-budget paths) against
    `ar` on N prompts with tiny float32 models ON THIS DEVICE: the GPU's kernels differ from the CPU's.
 4. The tuner's own cost curve (budget.measure_cost_curve, what `--v-max auto` measures at start-up).
+5. e2e (SYNTHETIC): tokens/s, tau and per-block host overhead per strategy (ar, parallel, ddtree, cure
+   best-first and paper, fixed budgets and `--v-max auto`) with the synthetic benchmark drafter
+   (synthetic_drafter.py): proposals drawn to agree with the target's greedy output at a per-depth rate
+   (default: a chain tau of 6.5 at K=16, the published DFlash-8B regime), beside the random DFlash
+   drafter whose forwards it runs for their cost, so that trees on random weights have realistic sizes.
+   Eager, and compiled too with --compile. Every output must equal ar's. Labelled SYNTHETIC in the JSON
+   (`e2e_synthetic`) and the printout: it is not a real drafter's acceptance.
 
-Stages run in that order: lossless, cost curves (eager layouts), tuner curve, overhead, compiled
-curve; the JSON is rewritten after each, and stages that would start after --deadline seconds are
+    python benchmarks/gpu_costs.py --device cuda --stages e2e --compile --compile-sizes 1,16,64 --out e2e.json
+
+Stages run in that order: lossless, cost curves (eager layouts), tuner curve, overhead, e2e eager,
+compiled curve, e2e compiled; the JSON is rewritten after each, and stages that would start after --deadline seconds are
 skipped (recorded as such), so a lease that runs short still returns what was measured.
 """
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -40,9 +51,12 @@ from cure_core.config import STRATEGIES, DecodeConfig
 from cure_core.drafters.dflash import default_target_layer_ids
 from cure_core.engine import Engine, ModelPair, generate_ids
 from cure_core.models import build_pair
-from cure_core.lm import CachedLM
+from cure_core.lm import PAD_SIZES, CachedLM, padded_size
 from cure_core.tiny import BYTE_VOCAB, MASK_ID, perturbed_copy, tiny_config, tiny_target
 from cure_core.training.dflash_train import build_model, draft_config_dict, init_from_target
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from synthetic_drafter import Profile, SyntheticDrafter, expected_tau, profile_for_tau  # noqa: E402
 
 # Real configs' shapes (random weights). Each draft is a 2-layer model sharing the vocabulary.
 SHAPES = {
@@ -71,6 +85,7 @@ class Clock:
     def __init__(self, device: torch.device, *modules):
         self.device, self.total, self._t, self._depth = device, 0.0, 0.0, 0
         self._hooks: list = []
+        self._wrapped: list = []                   # (object, attribute, original callable)
         self.watch(*modules)
 
     def watch(self, *modules) -> None:
@@ -78,10 +93,27 @@ class Clock:
             self._hooks.append(m.register_forward_pre_hook(lambda *_: self._edge(True)))
             self._hooks.append(m.register_forward_hook(lambda *_: self._edge(False)))
 
+    def wrap(self, obj, name: str) -> None:
+        """Count the time inside `obj.name(...)` (a callable attribute) too: for what a hook cannot watch
+        (a compiled forward, whose hooks would break its graph) and the drafter's own methods."""
+        fn = getattr(obj, name)
+
+        def timed(*args, **kwargs):
+            self._edge(True)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._edge(False)
+        setattr(obj, name, timed)
+        self._wrapped.append((obj, name, fn))
+
     def close(self) -> None:
         for h in self._hooks:
             h.remove()
         self._hooks = []
+        for obj, name, fn in reversed(self._wrapped):
+            setattr(obj, name, fn)
+        self._wrapped = []
 
     def now(self) -> float:
         return synced_now(self.device)
@@ -231,6 +263,125 @@ def overhead(pair, clock: Clock, cfg: DecodeConfig, prompt, blocks: int) -> dict
             "overhead_ms_p90": oh[int(0.9 * (len(oh) - 1))], "block_ms_median": statistics.median(r[1] for r in rows)}
 
 
+# End-to-end rows over the SYNTHETIC drafter (stage e2e): (label, DecodeConfig overrides), at the synthetic
+# block size (--synthetic-k). Prompt lookup is off for cure: a random target repeats itself, which the
+# lookup graft would exploit as no real model lets it.
+E2E_RUNS = [("ar", dict(strategy="ar")), ("parallel", dict(strategy="parallel", v_max=15)),
+            ("ddtree-v32", dict(strategy="ddtree", v_max=32)), ("ddtree-v64", dict(strategy="ddtree", v_max=64)),
+            ("cure-v32", dict(strategy="cure", v_max=32)), ("cure-v64", dict(strategy="cure", v_max=64)),
+            ("cure-auto", dict(strategy="cure", v_max=64, auto_budget=True)),
+            ("cure-paper-v64", dict(strategy="cure", cure_tree="paper", v_max=64))]
+
+
+def timed_target(clock: Clock, lm: CachedLM, done: set) -> None:
+    """Count the time inside a target cache's forwards (compiled ones included) on `clock`, once per cache.
+    Rule: where the cache's compiled and eager forwards are one function they stay one (CachedLM tells a
+    prefill's eager forward by identity, to run the head over one row)."""
+    if id(lm) in done:
+        return
+    done.add(id(lm))
+    same = lm.run is lm.eager
+    clock.wrap(lm, "eager")
+    if same:
+        lm.run = lm.eager
+    else:
+        clock.wrap(lm, "run")
+
+
+def every_padded_size(lm: CachedLM, rows: int) -> None:
+    """Run a compiled cache's forward once at every padded size up to `rows`, on the capacity the engine left
+    it (its buffers are kept), so that no timed block compiles: the warm-up generation meets only the tree
+    sizes its own blocks happened to verify."""
+    vocab = int(lm.config.vocab_size)
+    lm.reset(lm.capacity)
+    lm.prefill(list(range(1, 9)))
+    for n in PAD_SIZES:
+        if n > padded_size(rows):
+            break
+        lm.forward([(7 * i) % vocab for i in range(n)], [-1] + list(range(n - 1)))
+        lm.rollback()
+    lm.reset(lm.capacity)
+
+
+def e2e(target, drafter: SyntheticDrafter, clock: Clock, runs, prompts, new_tokens: int, k: int,
+        compile: bool, late=lambda: False) -> list[dict]:
+    """Tokens/s and per-block host overhead per strategy over the SYNTHETIC drafter (synthetic_drafter.py).
+    Per prompt: `ar` first (its output is what the drafter is told to agree with, and the reference every
+    other run must equal), then every other run in an order rotated per prompt; one untimed generation per
+    run first (compilation, the tuner's curve). Decode time is every block after block 0 (which holds the
+    prefill); host overhead is a block's wall time minus the time inside the target's and the drafter's
+    forwards and the synthetic draws."""
+    pair = ModelPair(target=target, drafter=drafter)
+    engine = Engine(pair)
+    base = dict(k=k, max_new_tokens=new_tokens, stop_at_eos=False, compile=compile, kv_cache="static")
+    cfgs = {label: DecodeConfig(**base, **({"lookup": 0} if conf["strategy"] == "cure" else {}), **conf)
+            for label, conf in runs}
+    wrapped: set = set()
+    stats = {label: {"tokens": 0, "seconds": 0.0, "blocks": 0, "tree": [], "overhead": [], "equal": 0, "prompts": 0}
+             for label in cfgs}
+
+    def run(label: str, prompt, record: bool) -> list[int]:
+        cfg = cfgs[label]
+        timed_target(clock, engine.target_for(cfg), wrapped)
+        out, st = [], stats[label]
+        gen = engine.generate(prompt, cfg)
+        while True:
+            model0, syn0, t0 = clock.total, drafter.seconds, clock.now()
+            try:
+                block = next(gen)
+            except StopIteration:
+                break
+            wall = clock.now() - t0
+            out.extend(block.emitted)
+            if record and block.index > 0:                     # block 0 holds the prefill
+                st["tokens"] += len(block.emitted)
+                st["seconds"] += wall
+                st["blocks"] += 1
+                st["tree"].append(block.tree_size)
+                st["overhead"].append((wall - (clock.total - model0) - (drafter.seconds - syn0)) * 1e3)
+        return out
+
+    labels = [label for label in cfgs if label != "ar"]
+    if prompts:                                                # warm-up: compile every shape, learn the curve
+        drafter.expect(list(prompts[0]) + run("ar", prompts[0], False))
+        for label in labels:
+            run(label, prompts[0], False)
+        if compile:
+            for label, cfg in cfgs.items():
+                every_padded_size(engine.target_for(cfg), cfg.v_max + 1 if cfg.strategy != "ar" else 1)
+    for i, prompt in enumerate(prompts[1:]):
+        if late():
+            break
+        ref = run("ar", prompt, True)
+        stats["ar"]["prompts"] += 1
+        stats["ar"]["equal"] += 1
+        drafter.expect(list(prompt) + ref)
+        for label in labels[i % len(labels):] + labels[:i % len(labels)]:
+            out = run(label, prompt, True)
+            stats[label]["prompts"] += 1
+            stats[label]["equal"] += out == ref
+    ar_rate = stats["ar"]["tokens"] / stats["ar"]["seconds"] if stats["ar"]["seconds"] else None
+    rows = []
+    for label, st in stats.items():
+        rate = st["tokens"] / st["seconds"] if st["seconds"] else None
+        oh = sorted(st["overhead"])
+        rows.append({"label": label, "strategy": cfgs[label].strategy, "cure_tree": cfgs[label].cure_tree,
+                     "v_max": "auto" if cfgs[label].auto_budget else cfgs[label].v_max, "compiled": compile,
+                     "prompts": st["prompts"], "equal_ar": st["equal"], "blocks": st["blocks"],
+                     "tau": st["tokens"] / st["blocks"] if st["blocks"] else None, "tok_s": rate,
+                     "speedup_vs_ar": rate / ar_rate if rate and ar_rate else None,
+                     "mean_V": statistics.mean(st["tree"]) if st["tree"] else None,
+                     "block_ms_mean": st["seconds"] / st["blocks"] * 1e3 if st["blocks"] else None,
+                     "overhead_ms_median": statistics.median(oh) if oh else None,
+                     "overhead_ms_p90": oh[int(0.9 * (len(oh) - 1))] if oh else None})
+        r = rows[-1]
+        if r["tok_s"] is not None:
+            print(f"e2e SYNTHETIC {label:15} {r['tok_s']:8.1f} tok/s ({r['speedup_vs_ar']:.2f}x ar), tau {r['tau']:.2f}, "
+                  f"mean V {r['mean_V']:.1f}, overhead {r['overhead_ms_median']:.2f} ms/block, "
+                  f"{r['equal_ar']}/{r['prompts']} equal ar", flush=True)
+    return rows
+
+
 # Overhead rows: (drafter, strategy, v_max, DecodeConfig overrides). tau_margin=100 makes every
 # position a UFP, so cure really grafts repairs (random drafts have no natural margins to gate on).
 OVERHEAD_RUNS = [("pard", "parallel", 15, {}), ("pard", "cure", 32, {"tau_margin": 100.0}),
@@ -256,9 +407,27 @@ def main(argv=None) -> dict:
                     help="first check every strategy against ar on N prompts with tiny float32 models here")
     ap.add_argument("--lossless-only", default="", metavar="LABELS",
                     help="comma list of lossless configurations to run (default: all), e.g. cure-compiled")
-    ap.add_argument("--stages", default="cost,tuner,overhead",
-                    help="comma list of the 8B-shape stages to run: cost (eager curves), tuner, overhead "
-                         "(--lossless and --compile add theirs)")
+    ap.add_argument("--stages", default="cost,tuner,overhead,e2e",
+                    help="comma list of the 8B-shape stages to run: cost (eager curves), tuner, overhead, e2e "
+                         "(tokens/s per strategy over the SYNTHETIC drafter; compiled too with --compile). "
+                         "--lossless and --compile add theirs")
+    ap.add_argument("--synthetic-tau", type=float, default=6.5,
+                    help="e2e: the chain tau the SYNTHETIC drafter's constant per-depth agreement is solved for "
+                         "(at --synthetic-k; 6.5 at 16 is the published DFlash-8B regime)")
+    ap.add_argument("--synthetic-rates", default="", metavar="R1,R2,...",
+                    help="e2e: per-depth agreement rates instead (depth 1 first; the last one repeats)")
+    ap.add_argument("--synthetic-below-miss", type=float, default=1.0,
+                    help="e2e: agreement multiplier for a block's rows below its first miss (1: a block-parallel "
+                         "drafter's rows do not depend on the rows above)")
+    ap.add_argument("--synthetic-k", type=int, default=16, help="e2e: the block size K")
+    ap.add_argument("--synthetic-inner", default="dflash", choices=["dflash", "none"],
+                    help="e2e: a real (random) drafter run beside the synthetic one for its cost, or none")
+    ap.add_argument("--e2e-runs", default="", metavar="LABELS",
+                    help=f"e2e: comma list of the runs to time (default all: {', '.join(l for l, _ in E2E_RUNS)}); "
+                         "ar always runs (it is the reference)")
+    ap.add_argument("--e2e-prompts", type=int, default=4, help="e2e: random prompts (one more warms up)")
+    ap.add_argument("--e2e-tokens", type=int, default=256, help="e2e: new tokens per generation")
+    ap.add_argument("--e2e-prompt-len", type=int, default=128, help="e2e: prompt tokens")
     ap.add_argument("--deadline", type=float, default=None, metavar="S",
                     help="skip the stages that would start after S seconds (the JSON records them)")
     ap.add_argument("--out", default=None, metavar="OUT.json")
@@ -294,8 +463,21 @@ def main(argv=None) -> dict:
         save()
 
     stages = set(args.stages.split(",")) - {""}
-    if stages - {"cost", "tuner", "overhead"}:
-        ap.error(f"unknown stages {sorted(stages - {'cost', 'tuner', 'overhead'})}; choose cost, tuner, overhead")
+    known = {"cost", "tuner", "overhead", "e2e"}
+    if stages - known:
+        ap.error(f"unknown stages {sorted(stages - known)}; choose from {', '.join(sorted(known))}")
+    try:
+        rates = tuple(float(r) for r in args.synthetic_rates.split(",") if r.strip())
+        profile = Profile(rates or profile_for_tau(args.synthetic_tau, args.synthetic_k),
+                          below_miss=args.synthetic_below_miss)
+        if not all(0.0 <= r <= 1.0 for r in profile.rates) or not 0.0 <= profile.below_miss <= 1.0:
+            raise ValueError("agreement rates and --synthetic-below-miss must lie in [0, 1]")
+    except ValueError as e:
+        ap.error(f"synthetic drafter: {e}")
+    e2e_only = {x for x in args.e2e_runs.split(",") if x}
+    if e2e_only - {label for label, _ in E2E_RUNS}:
+        ap.error(f"unknown e2e runs {sorted(e2e_only - {l for l, _ in E2E_RUNS})}")
+    e2e_runs = [(label, conf) for label, conf in E2E_RUNS if not e2e_only or label in e2e_only or label == "ar"]
     only = tuple(x for x in args.lossless_only.split(",") if x)
     if set(only) - {label for label, _ in LOSSLESS_CONFIGS}:
         ap.error(f"unknown lossless configurations {sorted(set(only) - {l for l, _ in LOSSLESS_CONFIGS})}")
@@ -345,9 +527,39 @@ def main(argv=None) -> dict:
 
     clock.close()
     built.clear()                                          # free the drafters' buffers before compiling
+
+    def synthetic_e2e(compiled: bool) -> None:
+        """Stage e2e: every row's numbers are SYNTHETIC (the drafter is told the target's output)."""
+        inner = drafters["dflash"]() if args.synthetic_inner == "dflash" else None
+        drafter = SyntheticDrafter(profile, vocab, args.synthetic_k, inner=inner, mask_token_id=mask_id)
+        e2e_clock = Clock(device)
+        if inner is not None:
+            for name in ("propose", "redraft_topk", "prefill"):
+                e2e_clock.wrap(inner, name)
+        gen = torch.Generator().manual_seed(2)
+        prompts = [torch.randint(0, vocab - 1, (args.e2e_prompt_len,), generator=gen).tolist()
+                   for _ in range(args.e2e_prompts + 1)]
+        try:
+            rows = e2e(target, drafter, e2e_clock, e2e_runs, prompts, args.e2e_tokens, args.synthetic_k,
+                       compiled, late)
+        finally:
+            e2e_clock.close()
+        entry = report.setdefault("e2e_synthetic", {
+            "label": "SYNTHETIC drafter: proposals drawn to agree with the target's greedy output "
+                     "(benchmarks/synthetic_drafter.py); not a real drafter's acceptance",
+            "profile": {"rates": list(profile.rates), "below_miss": profile.below_miss, "k": args.synthetic_k,
+                        "expected_chain_tau": expected_tau(profile.rates, args.synthetic_k)},
+            "inner": args.synthetic_inner, "new_tokens": args.e2e_tokens, "prompt_len": args.e2e_prompt_len,
+            "runs": []})
+        entry["runs"].extend(rows)
+
+    if "e2e" in stages:
+        stage("e2e_eager", lambda: synthetic_e2e(False))
     if args.compile:
         at = [int(s) for s in args.compile_sizes.split(",")] if args.compile_sizes else sizes
         stage("cost_compiled", lambda: curve("compiled", dict(kv="static", compile=True), at))
+        if "e2e" in stages:
+            stage("e2e_compiled", lambda: synthetic_e2e(True))
         try:
             from torch._dynamo.utils import counters
             report["compile_counters"] = {k: dict(v) for k, v in counters.items() if k in ("inductor", "stats")}

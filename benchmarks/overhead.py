@@ -12,8 +12,14 @@ Best-first cure also runs with `calibrate=0`: the node calibration's host cost i
 `--drafter ar --auto`: an autoregressive chain drafter under the budget tuner (the budgets are the
 ceilings): sd, ddtree and best-first cure with its draft stop, the tuner's own work counted as overhead.
 (On these tiny models the tuner settles on budget 0, drafting never pays: benchmarks/results/README.md.)
+`--drafter synthetic`: the SYNTHETIC benchmark drafter (synthetic_drafter.py) told the target's output,
+agreeing with it at a chain tau of `--synthetic-tau` (K=16), beside the PARD drafter whose forwards it
+runs for their cost. The tiny random drafters accept almost nothing, so their trees are verified and
+thrown away; this one's are accepted as deep as a trained drafter's, so the per-block work that grows
+with acceptance (committing long paths, the calibration's nodes, the lookup index) is in the figure.
+The synthetic rows' own draws count as drafting, not overhead.
 
-    python benchmarks/overhead.py [--blocks 200] [--threads 1] [--budgets 16,32,64] [--drafter pard|ar]
+    python benchmarks/overhead.py [--blocks 200] [--threads 1] [--budgets 16,32,64] [--drafter pard|ar|synthetic]
                                   [--auto] [--redrafts 0,1,2] [--json OUT.json]
 """
 from __future__ import annotations
@@ -25,6 +31,9 @@ import random
 import statistics
 import time
 
+import sys
+from pathlib import Path
+
 import torch
 
 from cure_core.files import atomic_write_json  # noqa: E402
@@ -32,6 +41,11 @@ from cure_core.config import DecodeConfig
 from cure_core.engine import Engine
 from cure_core.models import build_pair
 from cure_core.tiny import BYTE_VOCAB, MASK_ID, perturbed_copy, tiny_target
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from synthetic_drafter import Profile, SyntheticDrafter, profile_for_tau  # noqa: E402
+
+SYNTHETIC_K = 16     # the synthetic drafter's block (the published DFlash-8B's)
 
 
 class ForwardClock:
@@ -60,16 +74,18 @@ def one_generation(engine, clocks, cfg, prompt) -> list[dict]:
     gen = engine.generate(prompt, cfg)
     while True:
         before_target, before_draft = target_clock.total, draft_clock.total
+        before_syn = getattr(engine.pair.drafter, "seconds", 0.0)          # a synthetic drafter's own draws
         t0 = time.perf_counter()
         try:
             block = next(gen)
         except StopIteration:
             return out
         wall = time.perf_counter() - t0
-        draft = draft_clock.total - before_draft
+        draft = draft_clock.total - before_draft + (getattr(engine.pair.drafter, "seconds", 0.0) - before_syn)
         model = target_clock.total - before_target + draft
         if block.index > 0:
             out.append({"overhead_ms": (wall - model) * 1e3, "wall_ms": wall * 1e3, "V": block.tree_size,
+                        "emitted": len(block.emitted),
                         "draft_host_ms": block.timings.draft_ms - draft * 1e3, "tree_ms": block.timings.tree_ms})
 
 
@@ -121,8 +137,11 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--budgets", default="16,32,64")
     ap.add_argument("--kv-cache", default="static", choices=["static", "dynamic"],
                     help="KV layout (the K/V writes inside the forward count as model time; compaction as overhead)")
-    ap.add_argument("--drafter", default="pard", choices=["pard", "ar"],
-                    help="pard: block-parallel (parallel, ddtree, cure both trees); ar: a chain drafter (sd, ddtree, cure)")
+    ap.add_argument("--drafter", default="pard", choices=["pard", "ar", "synthetic"],
+                    help="pard: block-parallel (parallel, ddtree, cure both trees); ar: a chain drafter (sd, ddtree, "
+                         "cure); synthetic: the SYNTHETIC drafter told the target's output, beside PARD for its cost")
+    ap.add_argument("--synthetic-tau", type=float, default=6.5,
+                    help="--drafter synthetic: the chain tau at K=16 its agreement rate is solved for")
     ap.add_argument("--auto", action="store_true", help="--v-max auto: the budget tuner picks each block's budget")
     ap.add_argument("--redrafts", default="", metavar="R,R,...",
                     help="also best-first cure with `redrafts` R at each budget (what each re-draft costs in host time)")
@@ -132,17 +151,29 @@ def main(argv=None) -> list[dict]:
     target = tiny_target(seed=0)
     draft = perturbed_copy(target, noise=0.3, seed=1)
     clocks = (ForwardClock(target), ForwardClock(draft))
-    pair, _ = build_pair(target, draft, drafter=args.drafter, mask_token_id=MASK_ID, vocab_size=BYTE_VOCAB)
+    synthetic = args.drafter == "synthetic"
+    pair, _ = build_pair(target, draft, drafter="pard" if synthetic else args.drafter, mask_token_id=MASK_ID,
+                         vocab_size=BYTE_VOCAB)
     prompt = list(b"def quicksort(xs):\n    ")
-    runs = [("parallel" if args.drafter == "pard" else "sd", 15, {})]
+    block = args.drafter != "ar"
+    if synthetic:
+        if not 1.0 <= args.synthetic_tau <= SYNTHETIC_K:
+            ap.error(f"--synthetic-tau must lie in [1, {SYNTHETIC_K}]")
+        pair.drafter = SyntheticDrafter(Profile(profile_for_tau(args.synthetic_tau, SYNTHETIC_K)), BYTE_VOCAB,
+                                        SYNTHETIC_K, inner=pair.drafter, mask_token_id=MASK_ID)
+        ref = [t for b in Engine(pair).generate(prompt, DecodeConfig(strategy="ar", max_new_tokens=64,
+                                                                     kv_cache=args.kv_cache)) for t in b.emitted]
+        pair.drafter.expect(prompt + ref)               # every lossless run emits exactly this
+    runs = [("parallel" if block else "sd", 15, {})]
     for v in (int(b) for b in args.budgets.split(",")):
         runs += [("ddtree", v, {}), ("cure", v, {"cure_tree": "best-first"})]
         # best-first without the node calibration (calibration.py): what its fit and its measuring tree cost
-        runs += [("cure", v, {"cure_tree": "best-first", "calibrate": False})] if args.drafter == "pard" else []
-        runs += [("cure", v, {"cure_tree": "paper"})] if args.drafter == "pard" else []
+        runs += [("cure", v, {"cure_tree": "best-first", "calibrate": False})] if block else []
+        runs += [("cure", v, {"cure_tree": "paper"})] if block else []
         runs += [("cure", v, {"cure_tree": "best-first", "redrafts": int(r)}) for r in args.redrafts.split(",") if r]
     cfgs = [DecodeConfig(strategy=strategy, v_max=v_max, max_new_tokens=64, kv_cache=args.kv_cache,
-                         auto_budget=args.auto, **extra) for strategy, v_max, extra in runs]
+                         auto_budget=args.auto, **({"k": SYNTHETIC_K} if synthetic else {}), **extra)
+            for strategy, v_max, extra in runs]
     measure(pair, clocks, cfgs, prompt, 10)          # warm-up
     rows = []
     per_cfg, rounds = measure(pair, clocks, cfgs, prompt, args.blocks)
@@ -150,6 +181,7 @@ def main(argv=None) -> list[dict]:
         oh = [r["overhead_ms"] for r in res]
         rows.append({"strategy": strategy, "v_max": v_max, **extra, "blocks": len(res),
                      "mean_V": statistics.mean(r["V"] for r in res), "max_V": max(r["V"] for r in res),
+                     "tau": statistics.mean(r["emitted"] for r in res),
                      "overhead_ms_median": statistics.median(oh), "overhead_ms_mean": statistics.mean(oh),
                      "overhead_ms_p90": sorted(oh)[int(0.9 * len(oh))],
                      # where it goes (means): host work inside drafting, and tree building
@@ -158,10 +190,11 @@ def main(argv=None) -> list[dict]:
                      "block_ms_median": statistics.median(r["wall_ms"] for r in res)})
     print(f"drafter: {args.drafter}; budgets: {'auto, ceilings' if args.auto else 'fixed'}; kv cache: {args.kv_cache}; "
           f"threads: {args.threads}; load average: {os.getloadavg()[0]:.2f}")
-    print(f"{'strategy':22} {'v_max':>5} {'mean V':>7} {'max V':>6} {'overhead ms (median)':>21} {'mean':>6} {'p90':>7} "
-          f"{'block ms (median)':>18} {'in drafting':>12} {'tree':>6}")
+    print(f"{'strategy':22} {'v_max':>5} {'mean V':>7} {'max V':>6} {'tau':>5} {'overhead ms (median)':>21} {'mean':>6} "
+          f"{'p90':>7} {'block ms (median)':>18} {'in drafting':>12} {'tree':>6}")
     for r in rows:
-        print(f"{label(r['strategy'], r):22} {r['v_max']:>5} {r['mean_V']:>7.1f} {r['max_V']:>6} {r['overhead_ms_median']:>21.2f} "
+        print(f"{label(r['strategy'], r):22} {r['v_max']:>5} {r['mean_V']:>7.1f} {r['max_V']:>6} {r['tau']:>5.2f} "
+              f"{r['overhead_ms_median']:>21.2f} "
               f"{r['overhead_ms_mean']:>6.2f} {r['overhead_ms_p90']:>7.2f} {r['block_ms_median']:>18.2f} "
               f"{r['draft_host_ms_mean']:>12.2f} {r['tree_ms_mean']:>6.2f}")
     # the goal's comparison, paired round by round: every cure config against ddtree at its budget
@@ -176,7 +209,7 @@ def main(argv=None) -> list[dict]:
               f"[{d['ci95_ms'][0]:+.2f}, {d['ci95_ms'][1]:+.2f}]")
     if args.json:
         atomic_write_json(args.json, {"threads": args.threads, "kv_cache": args.kv_cache,
-                                      "drafter": args.drafter, "auto_budget": args.auto,
+                                      "drafter": args.drafter + (" (SYNTHETIC: told the target's output)" if synthetic else ""), "auto_budget": args.auto,
                                       "load_average": list(os.getloadavg()), "rows": rows,
                                       "paired_cure_minus_ddtree": diffs}, indent=2)
     return rows

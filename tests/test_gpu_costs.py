@@ -1,5 +1,10 @@
 """Smoke run of benchmarks/gpu_costs.py at the tiny shape on the CPU (the real run wants a GPU)."""
+import pytest
+
 from conftest import benchmark_script
+
+# every e2e run's label (benchmarks/gpu_costs.py E2E_RUNS)
+GPU_E2E_LABELS = ["ar", "parallel", "ddtree-v32", "ddtree-v64", "cure-v32", "cure-v64", "cure-auto", "cure-paper-v64"]
 
 
 def run_script(argv):
@@ -9,7 +14,8 @@ def run_script(argv):
 
 def test_tiny_shape_smoke(tmp_path):
     rep = run_script(["--shape", "tiny", "--device", "cpu", "--sizes", "1,4,16", "--reps", "2", "--blocks", "4",
-                      "--lossless", "2", "--out", str(tmp_path / "costs.json")])
+                      "--lossless", "2", "--e2e-prompts", "1", "--e2e-tokens", "48", "--e2e-prompt-len", "24",
+                      "--out", str(tmp_path / "costs.json")])
     assert not rep["errors"] and not rep["skipped"]
     assert set(rep["cost_ms"]) == {"dynamic", "static"}
     assert all(list(v) == [1, 4, 16] and min(v.values()) > 0 for v in rep["cost_ms"].values())
@@ -25,6 +31,17 @@ def test_tiny_shape_smoke(tmp_path):
     assert {r["drafter"] for r in loss["runs"]} == {"pard", "dflash"}
     assert loss["equal"] == loss["total"] > 40 and not any(r["mismatched"] or r["error"] for r in loss["runs"])
     assert (tmp_path / "costs.json").exists()
+    # e2e over the SYNTHETIC drafter: every run equal to ar, labelled as synthetic, trees accepting deeply
+    e2e = rep["e2e_synthetic"]
+    assert "SYNTHETIC" in e2e["label"] and abs(e2e["profile"]["expected_chain_tau"] - 6.5) < 1e-6
+    runs = {r["label"]: r for r in e2e["runs"]}
+    assert list(runs) == GPU_E2E_LABELS
+    for r in runs.values():
+        assert r["prompts"] == 1 and r["equal_ar"] == 1 and r["compiled"] is False
+        assert r["blocks"] > 0 and r["tok_s"] > 0 and r["overhead_ms_median"] < r["block_ms_mean"]
+    assert runs["ar"]["tau"] == 1 and runs["ar"]["speedup_vs_ar"] == 1
+    assert all(runs[x]["tau"] > 3 for x in ("parallel", "ddtree-v64", "cure-v64"))
+    assert runs["cure-auto"]["v_max"] == "auto" and runs["cure-paper-v64"]["cure_tree"] == "paper"
 
 
 def test_stages_past_the_deadline_are_skipped_and_recorded(tmp_path):
@@ -32,3 +49,16 @@ def test_stages_past_the_deadline_are_skipped_and_recorded(tmp_path):
                       "--deadline", "0", "--out", str(tmp_path / "costs.json")])
     assert rep["cost_ms"] == {} and rep["overhead"] == []
     assert rep["skipped"][:3] == ["cost_dynamic", "cost_static", "tuner_curve"]
+    assert rep["skipped"][-1] == "e2e_eager" and "e2e_synthetic" not in rep
+
+
+def test_e2e_runs_a_chosen_subset_and_refuses_unknown_ones(tmp_path, capsys):
+    rep = run_script(["--shape", "tiny", "--device", "cpu", "--stages", "e2e", "--e2e-runs", "cure-v32",
+                      "--e2e-prompts", "1", "--e2e-tokens", "32", "--e2e-prompt-len", "16", "--synthetic-tau", "3"])
+    assert [r["label"] for r in rep["e2e_synthetic"]["runs"]] == ["ar", "cure-v32"]     # ar: the reference
+    assert rep["cost_ms"] == {} and rep["overhead"] == []
+    for bad in (["--e2e-runs", "nope"], ["--synthetic-tau", "40"], ["--synthetic-rates", "0.5,1.5"]):
+        with pytest.raises(SystemExit) as e:
+            run_script(["--shape", "tiny", "--device", "cpu", "--stages", "e2e", *bad])
+        assert e.value.code == 2
+    assert "synthetic drafter" in capsys.readouterr().err

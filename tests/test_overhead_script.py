@@ -38,3 +38,15 @@ def test_paired_differences_cancel_a_drift_shared_by_a_round():
         d = mod.paired(rounds, 1, 0)
     assert d["rounds"] == 5                                   # a round where one config made no block is left out
     assert d["median_ms"] == d["mean_ms"] == 0.5 and d["ci95_ms"] == [0.5, 0.5]
+
+
+def test_overhead_over_the_synthetic_drafter_accepts_deep_trees(tmp_path):
+    """--drafter synthetic: the tiny random PARD drafter runs for its cost, the synthetic rows are what the
+    trees hold, so blocks accept many tokens (the tiny random drafts alone accept ~1 a block)."""
+    with benchmark_script("overhead") as mod:
+        rows = mod.main(["--blocks", "8", "--budgets", "32", "--drafter", "synthetic", "--json", str(tmp_path / "s.json")])
+    assert [(r["strategy"], r.get("cure_tree")) for r in rows] == [
+        ("parallel", None), ("ddtree", None), ("cure", "best-first"), ("cure", "best-first"), ("cure", "paper")]
+    for r in rows:
+        assert r["tau"] > 3 and 0 < r["overhead_ms_median"] < r["block_ms_median"]
+    assert "SYNTHETIC" in json.loads((tmp_path / "s.json").read_text())["drafter"]
