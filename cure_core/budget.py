@@ -211,12 +211,21 @@ def _tells(u: int, size: int, cut: bool) -> bool:
 
 def fit_calibration(chains: list[tuple[list[float], int]], hi: float = 2.0) -> float:
     """gamma by maximum likelihood over chains (the joint draft log-prob at depths 1..D, the depths the target
-    accepted): depth d accepted with probability exp(gamma x l_d), on a grid in [1/16, hi]."""
+    accepted): depth d accepted with probability exp(gamma x l_d), on a grid in [1/16, hi] (`fit_power`)."""
     logp = np.array([lp for lps, _ in chains for lp in lps], dtype=np.float64)                   # [n]
-    hit = np.array([float(d < a) for lps, a in chains for d in range(len(lps))])                  # [n]
+    hit = np.array([d < a for lps, a in chains for d in range(len(lps))], dtype=bool)             # [n]
+    return fit_power(logp, hit, hi)
+
+
+def fit_power(logp: np.ndarray, hit: np.ndarray, hi: float = 2.0) -> float:
+    """The rule: gamma maximising the likelihood of P(accepted) = exp(gamma x logp) over points [n] (log-probs
+    <= 0, `hit` whether each was accepted), on a 49-point log grid in [1/16, hi]. A hit adds gamma x l, a miss
+    log(1 - exp(gamma x l)); only the misses need the transcendental (the blocks' fits run every 8 blocks)."""
     grid = np.exp(np.linspace(math.log(1 / 16), math.log(hi), 49))                                # [G]
-    log_acc = np.minimum(grid[:, None] * logp[None, :], -1e-9)                                     # [G, n]
-    ll = (hit * log_acc + (1 - hit) * np.log(-np.expm1(log_acc))).sum(1)                          # [G]
+    hits, misses = logp[hit], logp[~hit]
+    ll = np.minimum(grid[:, None] * hits[None, :], -1e-9).sum(1)                                  # [G]
+    if misses.size:
+        ll += np.log(-np.expm1(np.minimum(grid[:, None] * misses[None, :], -1e-9))).sum(1)
     return float(grid[int(np.argmax(ll))])
 
 

@@ -14,7 +14,7 @@ default pair's DFlash drafter, whose top-1 is better calibrated, -0.6% at 3 node
 Rule: at T=0 the engine tells this learner, for every node whose parent the target accepted (or the root's
 children), the node's kind (top-1 or lower candidate), its own draft log-prob log q and whether the target
 accepted it. Per kind, gamma is the maximum-likelihood fit of P(accepted | parent accepted) = q^gamma
-(budget.fit_calibration) over the last `window` such nodes. Best-first cure then scores a lower candidate's
+(budget.fit_power) over the last `window` such nodes. Best-first cure then scores a lower candidate's
 log q times gamma_lower / gamma_top1 (strategies.best_first `weight`): the order of the fitted acceptance
 probabilities, since multiplying every score by gamma_top1 changes no order. Until both kinds have
 `min_samples` nodes the weight is 1 (ddtree's order). At T>0 nothing is learned (acceptance is sampled); the
@@ -32,7 +32,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from .budget import fit_calibration
+import numpy as np
+
+from .budget import fit_power
 from .redraft_price import own_or_pooled
 
 TOP1, LOWER = 0, 1          # node kinds: a table's best candidate, any other (a substitution)
@@ -103,7 +105,8 @@ class NodeCalibration:
                 self.seen[LOWER if rank > 0 else TOP1].append((lq, i in accepted))
         self.blocks += 1
         if self.blocks % self.refit_every == 0 and min(len(s) for s in self.seen) >= self.min_samples:
-            top1, lower = (fit_calibration([([lq], int(hit)) for lq, hit in s], hi=self.hi) for s in self.seen)
+            top1, lower = (fit_power(np.array([lq for lq, _ in s]), np.array([hit for _, hit in s], dtype=bool),
+                                     hi=self.hi) for s in self.seen)
             self.gammas = (top1, lower)
             self._weight = min(max(lower / top1, self.lo), self.hi)
 

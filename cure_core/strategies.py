@@ -265,7 +265,7 @@ def best_first(base: Table, budget: int, under: dict[tuple[int, ...], Table] | N
             heapq.heappush(heap, (-score, ranks, parent, depth, rank, table))
 
     def add(token: int, parent: int, branch: int, score: float, rank: int, logq: float) -> int:
-        node = tree.add_path([token], branch=branch, parent=parent)[0]
+        node = tree.add_node(token, parent, branch)          # callers checked the trie holds no such node
         out.scores.append(score)
         out.ranks.append(rank)
         out.logq.append(logq)

@@ -24,6 +24,20 @@ class DraftTree:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    def add_node(self, token: int, parent: int, branch: int) -> int:
+        """One new node under `parent` (-1: the root) that the trie does not hold yet: add_path's bookkeeping
+        for a single token without its loop (best-first adds every node this way, up to 64 a tree)."""
+        node = len(self.tokens)
+        self.tokens.append(token)
+        self.parents.append(parent)
+        depth = self.depths[parent] + 1 if parent >= 0 else 1
+        self.depths.append(depth)
+        self.branches.append(branch)
+        self._child[(parent, token)] = node
+        if branch != 0:
+            self._repair_width[depth] = self._repair_width.get(depth, 0) + 1
+        return node
+
     def add_path(self, tokens, branch: int, *, v_max: int | None = None, beam: int | None = None,
                  parent: int = -1) -> list[int]:
         """Merge one candidate path (tokens from depth 1, or below `parent`) into the trie.
