@@ -166,3 +166,26 @@ def test_what_cure_learns_from_a_block_is_timed_in_its_commit_phase(target, draf
     assert len(trees) >= 3 and len(slept) == len(trees) and all(b.timings.commit_ms >= 30.0 for b in trees)
     off = list(Engine(pair).generate(list(b"def f(x):\n    "), cfg.with_(calibrate=False)))
     assert len(slept) == len(trees) and all(b.timings.commit_ms < 30.0 for b in off)
+
+
+def test_the_fit_over_misses_only_is_the_written_out_likelihood_maximum():
+    """budget.fit_power computes the hits' term without a transcendental and the misses' alone; the grid point
+    it returns is the argmax of the full likelihood written out: sum of hit x log P + miss x log(1 - P)."""
+    import numpy as np
+    from cure_core.budget import fit_calibration, fit_power
+    rng = np.random.default_rng(3)
+    for hi in (2.0, 4.0):
+        grid = np.exp(np.linspace(math.log(1 / 16), math.log(hi), 49))
+        for _ in range(50):
+            n = int(rng.integers(1, 400))
+            logp = -rng.exponential(1.0, n) * (rng.random(n) < 0.9)          # some exact zeros (p = 1)
+            hit = rng.random(n) < np.exp(0.7 * logp)
+            ll = [sum(math.log(min(math.exp(g * lp), 1 - 1e-12)) if h else math.log(max(1 - math.exp(min(g * lp, -1e-9)),
+                                                                                        1e-300))
+                      for lp, h in zip(logp, hit)) for g in grid]
+            assert fit_power(logp, hit, hi) == pytest.approx(float(grid[int(np.argmax(ll))]))
+    # fit_calibration flattens chains into the same points: depth d of a chain accepted to depth a is a hit iff d < a
+    chains = [([-0.1, -0.5, -2.0], 2), ([-0.2, -0.3], 0), ([-0.05], 1)]
+    logp = np.array([-0.1, -0.5, -2.0, -0.2, -0.3, -0.05])
+    hit = np.array([True, True, False, False, False, True])
+    assert fit_calibration(chains) == fit_power(logp, hit)

@@ -390,3 +390,14 @@ def test_best_first_floor_keeps_the_chain_and_drops_alternatives_below_it(floor)
     # within a budget the chain still competes with the alternatives that pass, best first
     small = best_first(base, 4, floor=floor)
     assert small.paths == got.paths[:4]
+
+
+def test_add_node_keeps_the_trie_as_add_path_does():
+    """DraftTree.add_node (best-first's one new node) leaves the same lists, trie and repair widths as add_path."""
+    from cure_core.tree import DraftTree
+    a, b = DraftTree(), DraftTree()
+    steps = [(5, -1, 0), (6, 0, 0), (7, 0, 3), (8, 2, 3), (9, -1, 5), (6, 4, 5)]
+    for token, parent, branch in steps:
+        assert a.add_node(token, parent, branch) == b.add_path([token], branch=branch, parent=parent)[0]
+    assert (a.tokens, a.parents, a.depths, a.branches) == (b.tokens, b.parents, b.depths, b.branches)
+    assert a._child == b._child and a._repair_width == b._repair_width == {2: 2, 3: 1, 1: 1}
