@@ -230,6 +230,10 @@ class Engine:
         # A static cache holds the whole generation plus one tree of scratch rows (padded for static shapes).
         capacity = min(len(prompt) + cfg.max_new_tokens, limit) + padded_size(cfg.v_max + 1) + 2
         reused = self._reusable(previous, state, context, capacity)
+        if drafter is not None and hasattr(drafter, "compile_for"):
+            # Rule: a compiled generation runs the drafter's block passes over static shapes too, compiled, sized
+            # for the same generation (DFlashDrafter.compile_for); any other generation runs plain passes.
+            drafter.compile_for(capacity if cfg.compile else None)
         if reused:
             target.truncate(reused)
             if drafter is not None:

@@ -16,6 +16,9 @@ One block's calls, in order:
                                set `redrafts_while_drafting`.
 Drafters that take one forward per drafted token set `sequential` (the budget tuner prices their
 drafting per step); block-parallel ones draft their block in one pass at any budget.
+  compile_for(capacity)     -> optional: before a generation's reset, its static-shape room (`compile`:
+                               the engine's compiled generations; None for any other), so a drafter can
+                               run its passes over fixed shapes, compiled (DFlashDrafter)
   advance(tokens, hidden)   -> resync: `tokens` (root + accepted path) are now committed; `hidden`
                                holds the target's hidden states at those positions for drafters
                                conditioned on the target (`target_layers` says which layers).

@@ -21,6 +21,12 @@ How the published drafter works (and how this file maps it onto the engine's dra
 
 Repair branches (redraft) are blocks [anchor, prefix..., c, mask x L] forwarded together in one pass
 with a block-diagonal mask: every row sees the whole context and its own block only.
+
+Static shapes (`compile_for`, the engine's `compile`): the context K/V rows are preallocated for the
+whole generation and every block pass spans all of them under a mask (columns past T masked), with the
+block count padded to STATIC_BLOCKS, so the network sees a handful of shapes and `torch.compile` (CUDA
+graphs on a GPU) replays them, as the target's verify forward does (lm.py). The embedding lookup and the
+target's head stay eager: one kernel each, and the head reads what it reads whatever runs it.
 """
 from __future__ import annotations
 
@@ -37,6 +43,9 @@ from .base import DEFAULT_REDRAFTS, Proposal, proposals, top_k_logprobs
 from .vocab import DraftVocab
 
 DEFAULT_BLOCK_SIZE = 16
+# Block counts a static-shape pass is padded up to (a proposal: 1; best-first cure's re-draft pass: its
+# substitutions); more blocks than the last run eagerly.
+STATIC_BLOCKS = (1, 2, 4, 8)
 
 
 # --------------------------------------------------------------------------------------------
@@ -209,7 +218,34 @@ class DFlashDrafter:
         # Context K/V rows per layer, [n_kv, capacity, D]: kept across generations, grown by doubling.
         self._rows = [(torch.zeros((n_kv, 256, d), device=self.device, dtype=self.dtype),
                        torch.zeros((n_kv, 256, d), device=self.device, dtype=self.dtype)) for _ in model.layers]
+        self.static = False               # block passes over fixed shapes (compile_for)
+        self.net = self.model             # the network a static pass runs: compiled by compile_for(compile=True)
+        self.graphs = False               # `net` replays CUDA graphs (its outputs are overwritten by the next)
+        self._blockdiag: dict[tuple[int, int], torch.Tensor] = {}     # (blocks, rows each) -> [N, N] bool
         self.reset([], None)
+
+    def compile_for(self, capacity: int | None, compile: bool = True) -> None:
+        """Block passes over static shapes for a generation of up to `capacity` context rows (None: back to
+        plain passes). The context buffers grow to `capacity` once, here (a compiled graph holds their
+        addresses, so they never move inside a generation); with `compile`, the network runs through
+        torch.compile over those shapes ("reduce-overhead", CUDA graphs, on a GPU). Speed only: a static
+        pass computes the same rows (masked columns weigh exactly 0), so proposals match a plain pass's up
+        to float rounding and every strategy stays lossless."""
+        if capacity is None:
+            self.static = False
+            return
+        if capacity > self._rows[0][0].shape[1]:
+            self._resize(capacity)
+        if compile and self.net is self.model:
+            self.graphs = self.device.type == "cuda"
+            self.net = torch.compile(self.model, mode="reduce-overhead" if self.graphs else "default", dynamic=False)
+            dyn = torch._dynamo.config                    # a shape per block count and capacity (see lm.py)
+            dyn.recompile_limit = max(dyn.recompile_limit, 64)
+        if compile:
+            for k, v in self._rows:                       # inputs at fixed addresses, not copied per replay
+                torch._dynamo.mark_static_address(k)
+                torch._dynamo.mark_static_address(v)
+        self.static = True
 
     # Rule: the target's embedding and head are looked up on every use, never kept: loading may swap
     # the target's modules afterwards (cpu_kernels.pack_linears replaces lm_head by a packed one), and
@@ -292,18 +328,21 @@ class DFlashDrafter:
         n = hidden.shape[0]
         end = self._len + n
         if end > self._rows[0][0].shape[1]:
-            cap = max(end, 2 * self._rows[0][0].shape[1])
-            grown = []
-            for k, v in self._rows:
-                k2, v2 = k.new_zeros((k.shape[0], cap, k.shape[2])), v.new_zeros((v.shape[0], cap, v.shape[2]))
-                k2[:, :self._len], v2[:, :self._len] = k[:, :self._len], v[:, :self._len]
-                grown.append((k2, v2))
-            self._rows = grown
+            self._resize(max(end, 2 * self._rows[0][0].shape[1]))
         pos = torch.arange(self._len, end, device=self.device)
         for (k, v), (k1, v1) in zip(self._rows, self.model.context_kv(hidden, pos)):
             k[:, self._len:end] = k1
             v[:, self._len:end] = v1
         self._len = end
+
+    def _resize(self, cap: int) -> None:
+        """Context buffers of `cap` rows, the rows in use copied (a static pass then spans the new size)."""
+        grown = []
+        for k, v in self._rows:
+            k2, v2 = k.new_zeros((k.shape[0], cap, k.shape[2])), v.new_zeros((v.shape[0], cap, v.shape[2]))
+            k2[:, :self._len], v2[:, :self._len] = k[:, :self._len], v[:, :self._len]
+            grown.append((k2, v2))
+        self._rows = grown
 
     # ---- blocks ----
 
@@ -336,6 +375,8 @@ class DFlashDrafter:
         position T) in ONE pass. Each row sees the whole context and its own block (bidirectional).
         Returns per block the [len(block), V] float32 logits of every row (row 0's is unused by
         DFlash: row i >= 1 predicts the token at block position i)."""
+        if self.static and blocks and len(blocks) <= STATIC_BLOCKS[-1] and len({len(b) for b in blocks}) == 1:
+            return self._static_blocks(blocks)
         ctx_kv = self.ctx_kv                                    # projects rows advance() left pending
         toks, pos, seg = [], [], []
         for j, b in enumerate(blocks):
@@ -354,6 +395,33 @@ class DFlashDrafter:
         hidden = self.model(embeds, torch.tensor(pos, device=self.device), ctx_kv, mask)
         logits = self._logits(hidden.to(self.lm_head.weight.dtype))
         return list(logits.split([len(b) for b in blocks]))
+
+    @torch.inference_mode()
+    def _static_blocks(self, blocks: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """forward_blocks over static shapes: B blocks of L rows padded to b in STATIC_BLOCKS blocks (dummy
+        blocks of masks that only they see), every row attending to all `capacity` context rows with those
+        past T masked, and to its own block: [b L, capacity + b L] mask."""
+        self._flush()                                           # the pending context rows, eagerly
+        count, rows = len(blocks), len(blocks[0])
+        b = next(s for s in STATIC_BLOCKS if s >= count)
+        n, cap, t = b * rows, self._rows[0][0].shape[1], self._len
+        toks = [int(x) for blk in blocks for x in blk] + [self.mask_token_id] * ((b - count) * rows)
+        ids = torch.tensor(toks, dtype=torch.long, device=self.device)                      # [N]
+        pos = torch.arange(t, t + rows, device=self.device).repeat(b)                       # [N]
+        diag = self._blockdiag.get((b, rows))
+        if diag is None:
+            seg = torch.arange(b, device=self.device).repeat_interleave(rows)
+            diag = self._blockdiag[(b, rows)] = seg[:, None] == seg[None, :]               # [N, N]
+        seen = (torch.arange(cap, device=self.device) < t).expand(n, cap)                  # [N, cap]
+        mask = torch.cat([seen, diag], dim=1)                                                # [N, cap + N]
+        embeds = self.embed(ids).to(self.dtype) * self.input_embedding_scale
+        if self.graphs:
+            torch.compiler.cudagraph_mark_step_begin()          # the previous replay's outputs are dead
+        hidden = self.net(embeds, pos, self._rows, mask)[: count * rows]
+        if self.graphs:
+            hidden = hidden.clone()                             # CUDA-graph outputs are overwritten next replay
+        logits = self._logits(hidden.to(self.lm_head.weight.dtype))
+        return list(logits.split([rows] * count))
 
     def propose(self, root: int, n: int, top_k: int) -> Proposal:
         # Rule: the block is always the trained one, [root, mask x (block_size - 1)] (longer only when more
