@@ -1,27 +1,16 @@
 """DFlash block passes over static shapes (DFlashDrafter.compile_for, run by the engine's compiled generations):
 the same rows as plain passes, padded block counts, fixed buffers, the engine's wiring, and (one real
 torch.compile on this CPU) the compiled network's proposals."""
-import pytest
 import torch
 
 from cure_core.config import DecodeConfig
 from cure_core.drafters import dflash as dflash_module
 from cure_core.drafters.dflash import STATIC_BLOCKS, load_dflash
-from cure_core.engine import Engine, ModelPair, generate_ids
-from cure_core.tiny import BYTE_VOCAB, tiny_target
-from test_dflash import target_features, write_dflash
+from cure_core.engine import ModelPair, generate_ids
+from cure_core.tiny import BYTE_VOCAB
+from test_dflash import ckpt, dtarget, target_features  # noqa: F401 -- the tiny target and checkpoint fixtures
 
 PROMPT = list(b"def add(a, b):\n    return a")
-
-
-@pytest.fixture(scope="module")
-def dtarget():
-    return tiny_target(seed=0)
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory, dtarget):
-    return write_dflash(tmp_path_factory.mktemp("dflash_static") / "draft", dtarget)
 
 
 def fresh(ckpt, dtarget, context=PROMPT):
