@@ -91,7 +91,8 @@ class DecodeConfig:
     stop_at_eos: bool = True      # stop at the target's eos token(s)
     # --- execution: speed only, never the output (lm.py) ---
     kv_cache: str = "static"      # static: preallocated K/V rows, compacted in place | dynamic: HF DynamicCache
-    compile: bool = False         # torch.compile the target forward over padded static shapes (CUDA graphs on a GPU)
+    compile: bool = False         # torch.compile the target forward over padded static shapes (CUDA graphs on a GPU),
+                                  # and a DFlash drafter's block passes (DFlashDrafter.compile_for)
 
     def __post_init__(self) -> None:
         # Rule: real-valued knobs are finite numbers (nan passes every `< 0` check; inf breaks sampling).

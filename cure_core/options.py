@@ -68,8 +68,8 @@ class EngineArgs:
         "static: preallocated K/V rows compacted in place | dynamic: transformers' DynamicCache. Never changes "
         "the output."))
     compile: bool = _opt("--compile", default=False, help=(
-        "torch.compile the target forward over padded static shapes (CUDA graphs on a GPU); the first blocks "
-        "compile."))
+        "torch.compile the target forward over padded static shapes (CUDA graphs on a GPU), and a DFlash "
+        "drafter's block passes; the first blocks compile."))
     kernels: str = _opt("--kernels", default="auto", help=(
         "CPU matmuls: packed = oneDNN packs every weight once at load, so verifying N nodes costs far less than "
         "N one-token steps | eager = torch's default | auto = packed where it applies (CPU, float32, or bfloat16 "
