@@ -241,6 +241,40 @@ def cost_curve(target, layout: dict, sizes, ctx_len: int, reps: int, warm: int, 
     return out
 
 
+@torch.inference_mode()
+def profile_forward(target, layout: dict, v: int, ctx_len: int, reps: int = 3, top: int = 25) -> dict:
+    """What one verify forward over [root + v chain] is made of: torch.profiler over `reps` forwards (after
+    3 warm-ups, which compile), the `top` ops by self device time (CPU time on a CPU). The question it
+    answers: where the compiled forward's time goes against the HBM roofline (#13: 9.0 ms measured,
+    3.4 ms for 16 GB of bf16 weights at 4.8 TB/s): the weight GEMMs, attention over the cache, or the rest."""
+    from torch.profiler import ProfilerActivity, profile
+    vocab = int(target.config.vocab_size)
+    gen = torch.Generator().manual_seed(0)
+    lm = CachedLM(target, capacity=ctx_len + v + 160, **layout)
+    lm.prefill(torch.randint(0, vocab, (ctx_len,), generator=gen).tolist())
+    toks = torch.randint(0, vocab, (v + 1,), generator=gen).tolist()
+
+    def once() -> None:
+        lm.forward(toks, [-1] + list(range(v))).logits.argmax(-1).tolist()
+        lm.rollback()
+    for _ in range(3):
+        once()
+    cuda = lm.device.type == "cuda"
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    t0 = synced_now(lm.device)
+    with profile(activities=acts) as prof:
+        for _ in range(reps):
+            once()
+    wall = (synced_now(lm.device) - t0) / reps * 1e3
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    events = sorted(prof.key_averages(), key=lambda e: -getattr(e, key))
+    total = sum(getattr(e, key) for e in events) / reps / 1e3
+    rows = [{"op": e.key[:120], "ms_per_forward": getattr(e, key) / reps / 1e3, "calls_per_forward": e.count / reps}
+            for e in events[:top]]
+    return {"v": v, "layout": {k: v_ for k, v_ in layout.items()}, "wall_ms_profiled": wall,
+            "self_time_ms_total": total, "clock": "device" if cuda else "cpu", "top": rows}
+
+
 def overhead(pair, clock: Clock, cfg: DecodeConfig, prompt, blocks: int) -> dict:
     rows = []                                                # (overhead ms, block ms, tree size)
     while len(rows) < blocks:
@@ -403,6 +437,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--compile-sizes", default=None, help="tree sizes for the compiled curve (default: --sizes); "
                     "every padded size is one compilation")
     ap.add_argument("--blocks", type=int, default=40, help="blocks per overhead measurement")
+    ap.add_argument("--profile-sizes", default="", metavar="V,V",
+                    help="with --compile: torch.profiler over the compiled verify forward at these tree sizes "
+                         "(the top ops by device time; `profile_compiled` in the JSON)")
     ap.add_argument("--lossless", type=int, default=0, metavar="N",
                     help="first check every strategy against ar on N prompts with tiny float32 models here")
     ap.add_argument("--lossless-only", default="", metavar="LABELS",
@@ -558,6 +595,13 @@ def main(argv=None) -> dict:
     if args.compile:
         at = [int(s) for s in args.compile_sizes.split(",")] if args.compile_sizes else sizes
         stage("cost_compiled", lambda: curve("compiled", dict(kv="static", compile=True), at))
+        for v in (int(x) for x in args.profile_sizes.split(",") if x.strip()):
+            def prof_one(v=v) -> None:
+                row = profile_forward(target, dict(kv="static", compile=True), v, args.ctx)
+                report.setdefault("profile_compiled", []).append(row)
+                print(f"profile compiled V{v}: {row['wall_ms_profiled']:.2f} ms a forward; top: "
+                      + "; ".join(f"{r['op'][:40]} {r['ms_per_forward']:.2f}" for r in row["top"][:5]), flush=True)
+            stage(f"profile_compiled_{v}", prof_one)
         if "e2e" in stages:
             stage("e2e_compiled", lambda: synthetic_e2e(True))
         try:

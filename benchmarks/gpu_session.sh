@@ -6,7 +6,8 @@
 #   2. e2e, eager and compiled: tokens/s, tau and per-block host overhead per strategy with the SYNTHETIC
 #      drafter (synthetic_drafter.py: told the target's output, chain tau 6.5 at K=16), beside the random
 #      DFlash drafter whose forwards it runs for their cost;
-#   3. the compiled verify curve (CUDA graphs) at V in COMPILE_SIZES, to hold against the HBM roofline.
+#   3. the compiled verify curve (CUDA graphs) at V in COMPILE_SIZES, to hold against the HBM roofline, and
+#      torch.profiler's top kernels of the compiled forward at V = 1 and 64 (where its time goes).
 # Stages that would start after DEADLINE seconds are skipped and recorded, so a short lease still returns.
 #
 # Here, once (downloads what the device image lacks into .whl/, ignored by git; ~14 MB):
@@ -43,7 +44,7 @@ else
     fi
     nvidia-smi > "$OUT/nvidia_smi.txt" 2>&1 || true
     ARGS=(--device cuda --shape qwen3-8b --lossless 3 --lossless-only cure-k8,ddtree-k8,cure-compiled,cure-auto-budget
-          --stages e2e --compile --compile-sizes "$COMPILE_SIZES" --sizes "$COMPILE_SIZES"
+          --stages e2e --compile --compile-sizes "$COMPILE_SIZES" --sizes "$COMPILE_SIZES" --profile-sizes 1,64
           --e2e-prompts 3 --e2e-tokens 256 --e2e-prompt-len 512 --e2e-runs ar,parallel,ddtree-v32,cure-v32,cure-auto)
 fi
 export PYTHONPATH="$PWD:${PYTHONPATH:-}"
