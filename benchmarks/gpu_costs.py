@@ -219,8 +219,11 @@ def lossless(device: torch.device, n_prompts: int, new_tokens: int = 24, only: t
 
 
 @torch.inference_mode()
-def cost_curve(target, layout: dict, sizes, ctx_len: int, reps: int, warm: int, late=lambda: False) -> list[float]:
-    """Median ms per size; stops early (fewer entries) once `late()` says the deadline has passed."""
+def cost_curve(target, layout: dict, sizes, ctx_len: int, reps: int, warm: int, late=lambda: False,
+               profile_at=(), profiles: list | None = None) -> list[float]:
+    """Median ms per size; stops early (fewer entries) once `late()` says the deadline has passed. Sizes in
+    `profile_at` are also profiled (`profile_forward`) on the same cache, so no graph compiles twice (a new
+    cache's buffers are new static addresses: a recompilation); their rows go to `profiles`."""
     vocab = int(target.config.vocab_size)
     gen = torch.Generator().manual_seed(0)
     lm = CachedLM(target, capacity=ctx_len + max(sizes) + 160, **layout)
@@ -238,27 +241,23 @@ def cost_curve(target, layout: dict, sizes, ctx_len: int, reps: int, warm: int, 
                 runs.append((synced_now(lm.device) - t0) * 1e3)
             lm.rollback()
         out.append(statistics.median(runs))
+        if v in profile_at and profiles is not None:
+            profiles.append({"layout": dict(layout), **profile_forward(lm, toks)})
     return out
 
 
 @torch.inference_mode()
-def profile_forward(target, layout: dict, v: int, ctx_len: int, reps: int = 3, top: int = 25) -> dict:
-    """What one verify forward over [root + v chain] is made of: torch.profiler over `reps` forwards (after
-    3 warm-ups, which compile), the `top` ops by self device time (CPU time on a CPU). The question it
-    answers: where the compiled forward's time goes against the HBM roofline (#13: 9.0 ms measured,
-    3.4 ms for 16 GB of bf16 weights at 4.8 TB/s): the weight GEMMs, attention over the cache, or the rest."""
+def profile_forward(lm: CachedLM, toks: list[int], reps: int = 3, top: int = 25) -> dict:
+    """What one verify forward over [root + chain `toks`] on a warm cache is made of: torch.profiler over
+    `reps` forwards, the `top` ops by self device time (CPU time on a CPU). The question it answers: where
+    the compiled forward's time goes against the HBM roofline (#13: 9.0 ms measured, 3.4 ms for 16 GB of
+    bf16 weights at 4.8 TB/s): the weight GEMMs, attention over the cache, or the rest."""
     from torch.profiler import ProfilerActivity, profile
-    vocab = int(target.config.vocab_size)
-    gen = torch.Generator().manual_seed(0)
-    lm = CachedLM(target, capacity=ctx_len + v + 160, **layout)
-    lm.prefill(torch.randint(0, vocab, (ctx_len,), generator=gen).tolist())
-    toks = torch.randint(0, vocab, (v + 1,), generator=gen).tolist()
+    v = len(toks) - 1
 
     def once() -> None:
         lm.forward(toks, [-1] + list(range(v))).logits.argmax(-1).tolist()
         lm.rollback()
-    for _ in range(3):
-        once()
     cuda = lm.device.type == "cuda"
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     t0 = synced_now(lm.device)
@@ -271,8 +270,8 @@ def profile_forward(target, layout: dict, v: int, ctx_len: int, reps: int = 3, t
     total = sum(getattr(e, key) for e in events) / reps / 1e3
     rows = [{"op": e.key[:120], "ms_per_forward": getattr(e, key) / reps / 1e3, "calls_per_forward": e.count / reps}
             for e in events[:top]]
-    return {"v": v, "layout": {k: v_ for k, v_ in layout.items()}, "wall_ms_profiled": wall,
-            "self_time_ms_total": total, "clock": "device" if cuda else "cpu", "top": rows}
+    return {"v": v, "wall_ms_profiled": wall, "self_time_ms_total": total, "clock": "device" if cuda else "cpu",
+            "top": rows}
 
 
 def overhead(pair, clock: Clock, cfg: DecodeConfig, prompt, blocks: int) -> dict:
@@ -438,8 +437,9 @@ def main(argv=None) -> dict:
                     "every padded size is one compilation")
     ap.add_argument("--blocks", type=int, default=40, help="blocks per overhead measurement")
     ap.add_argument("--profile-sizes", default="", metavar="V,V",
-                    help="with --compile: torch.profiler over the compiled verify forward at these tree sizes "
-                         "(the top ops by device time; `profile_compiled` in the JSON)")
+                    help="with --compile: torch.profiler over the compiled verify forward at these tree sizes, "
+                         "on the compiled curve's cache (among --compile-sizes; the top ops by device time: "
+                         "`profile_compiled` in the JSON)")
     ap.add_argument("--lossless", type=int, default=0, metavar="N",
                     help="first check every strategy against ar on N prompts with tiny float32 models here")
     ap.add_argument("--lossless-only", default="", metavar="LABELS",
@@ -462,6 +462,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--e2e-runs", default="", metavar="LABELS",
                     help=f"e2e: comma list of the runs to time (default all: {', '.join(l for l, _ in E2E_RUNS)}); "
                          "ar always runs (it is the reference)")
+    ap.add_argument("--e2e-modes", default="eager,compiled", metavar="MODES",
+                    help="e2e: eager, compiled (needs --compile) or both; compiled runs after the compiled curve")
     ap.add_argument("--e2e-prompts", type=int, default=4, help="e2e: random prompts (one more warms up)")
     ap.add_argument("--e2e-tokens", type=int, default=256, help="e2e: new tokens per generation")
     ap.add_argument("--e2e-prompt-len", type=int, default=128, help="e2e: prompt tokens")
@@ -511,6 +513,13 @@ def main(argv=None) -> dict:
             raise ValueError("agreement rates and --synthetic-below-miss must lie in [0, 1]")
     except ValueError as e:
         ap.error(f"synthetic drafter: {e}")
+    at = [int(s) for s in args.compile_sizes.split(",")] if args.compile_sizes else sizes
+    profile_at = tuple(int(x) for x in args.profile_sizes.split(",") if x.strip())
+    if set(profile_at) - set(at) or (profile_at and not args.compile):
+        ap.error("--profile-sizes needs --compile and sizes among the compiled curve's (--compile-sizes)")
+    e2e_modes = {x for x in args.e2e_modes.split(",") if x}
+    if e2e_modes - {"eager", "compiled"}:
+        ap.error(f"unknown e2e modes {sorted(e2e_modes - {'eager', 'compiled'})}; choose eager, compiled")
     e2e_only = {x for x in args.e2e_runs.split(",") if x}
     if e2e_only - {label for label, _ in E2E_RUNS}:
         ap.error(f"unknown e2e runs {sorted(e2e_only - {l for l, _ in E2E_RUNS})}")
@@ -524,10 +533,15 @@ def main(argv=None) -> dict:
     target, draft, mask_id = build(args.shape, device, dtype)
     report["build_s"] = time.perf_counter() - t_build
 
-    def curve(name: str, layout: dict, at) -> None:
+    def curve(name: str, layout: dict, at, profile_at=()) -> None:
         warm = 3 if layout.get("compile") else 1
-        report["cost_ms"][name] = dict(zip(at, cost_curve(target, layout, at, args.ctx, args.reps, warm, late)))
+        profiles = report.setdefault("profile_compiled", []) if profile_at else None
+        report["cost_ms"][name] = dict(zip(at, cost_curve(target, layout, at, args.ctx, args.reps, warm, late,
+                                                          profile_at, profiles)))
         print(f"cost {name:9}", " ".join(f"V{v}:{ms:.2f}" for v, ms in report["cost_ms"][name].items()), flush=True)
+        for row in profiles or ():
+            print(f"profile {name} V{row['v']}: {row['wall_ms_profiled']:.2f} ms a forward; top: "
+                  + "; ".join(f"{r['op'][:40]} {r['ms_per_forward']:.2f}" for r in row["top"][:5]), flush=True)
 
     for name in ("dynamic", "static") if "cost" in stages else ():
         stage(f"cost_{name}", lambda name=name: curve(name, dict(kv=name), sizes))
@@ -590,19 +604,11 @@ def main(argv=None) -> dict:
             "runs": []})
         entry["runs"].extend(rows)
 
-    if "e2e" in stages:
+    if "e2e" in stages and "eager" in e2e_modes:
         stage("e2e_eager", lambda: synthetic_e2e(False))
     if args.compile:
-        at = [int(s) for s in args.compile_sizes.split(",")] if args.compile_sizes else sizes
-        stage("cost_compiled", lambda: curve("compiled", dict(kv="static", compile=True), at))
-        for v in (int(x) for x in args.profile_sizes.split(",") if x.strip()):
-            def prof_one(v=v) -> None:
-                row = profile_forward(target, dict(kv="static", compile=True), v, args.ctx)
-                report.setdefault("profile_compiled", []).append(row)
-                print(f"profile compiled V{v}: {row['wall_ms_profiled']:.2f} ms a forward; top: "
-                      + "; ".join(f"{r['op'][:40]} {r['ms_per_forward']:.2f}" for r in row["top"][:5]), flush=True)
-            stage(f"profile_compiled_{v}", prof_one)
-        if "e2e" in stages:
+        stage("cost_compiled", lambda: curve("compiled", dict(kv="static", compile=True), at, profile_at))
+        if "e2e" in stages and "compiled" in e2e_modes:
             stage("e2e_compiled", lambda: synthetic_e2e(True))
         try:
             from torch._dynamo.utils import counters

@@ -66,10 +66,10 @@ def test_e2e_runs_a_chosen_subset_and_refuses_unknown_ones(tmp_path, capsys):
 
 def test_the_compiled_forward_is_profiled_by_op(tmp_path):
     """--profile-sizes: torch.profiler over the compiled verify forward (inductor on this CPU), its top ops by time."""
-    rep = run_script(["--shape", "tiny", "--device", "cpu", "--stages", "", "--compile", "--compile-sizes", "1",
+    rep = run_script(["--shape", "tiny", "--device", "cpu", "--stages", "", "--compile", "--compile-sizes", "1,4",
                       "--profile-sizes", "4", "--reps", "1"])
-    assert not rep["errors"] and list(rep["cost_ms"]) == ["compiled"]
+    assert not rep["errors"] and list(rep["cost_ms"]) == ["compiled"] and list(rep["cost_ms"]["compiled"]) == [1, 4]
     (prof,) = rep["profile_compiled"]
-    assert prof["v"] == 4 and prof["clock"] == "cpu" and prof["wall_ms_profiled"] > 0
+    assert prof["v"] == 4 and prof["clock"] == "cpu" and prof["wall_ms_profiled"] > 0 and prof["layout"]["compile"]
     assert len(prof["top"]) > 3 and all(r["ms_per_forward"] >= 0 and r["calls_per_forward"] > 0 for r in prof["top"])
     assert prof["top"][0]["ms_per_forward"] >= prof["top"][-1]["ms_per_forward"]
