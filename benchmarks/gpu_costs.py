@@ -48,7 +48,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from cure_core.files import atomic_write_json  # noqa: E402
 from cure_core.budget import measure_cost_curve
 from cure_core.config import STRATEGIES, DecodeConfig
-from cure_core.drafters.dflash import default_target_layer_ids
+from cure_core.drafters.dflash import STATIC_BLOCKS, default_target_layer_ids
 from cure_core.engine import Engine, ModelPair, generate_ids
 from cure_core.models import build_pair
 from cure_core.lm import PAD_SIZES, CachedLM, padded_size
@@ -382,6 +382,10 @@ def e2e(target, drafter: SyntheticDrafter, clock: Clock, runs, prompts, new_toke
         if compile:
             for label, cfg in cfgs.items():
                 every_padded_size(engine.target_for(cfg), cfg.v_max + 1 if cfg.strategy != "ar" else 1)
+            inner = drafter.inner
+            if getattr(inner, "static", False):                # a DFlash drafter's static passes: every block count
+                for count in STATIC_BLOCKS[:3]:                # a proposal and the re-draft pass may ask for
+                    inner.forward_blocks([[inner.mask_token_id] * inner.block_size] * count)
     for i, prompt in enumerate(prompts[1:]):
         if late():
             break
