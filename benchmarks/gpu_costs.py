@@ -321,6 +321,31 @@ def timed_target(clock: Clock, lm: CachedLM, done: set) -> None:
         clock.wrap(lm, "run")
 
 
+def count_syncs(fn) -> tuple[object, dict[str, int]]:
+    """Run fn() with CUDA's sync debug mode on warn: every operation that makes the host wait for the device
+    (a device-to-host read: .tolist(), .item(), .cpu(); a pageable copy) warns from the line that called it.
+    Returns (fn's result, {"file:line": count}) for the lines in this project (#13 item 4: one device-to-host
+    read per block at most). Off a GPU nothing warns and the counts are empty."""
+    import warnings
+    sites: dict[str, int] = {}
+    cuda = torch.cuda.is_available()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if cuda:
+            torch.cuda.set_sync_debug_mode("warn")
+        try:
+            out = fn()
+        finally:
+            if cuda:
+                torch.cuda.set_sync_debug_mode("default")
+    for w in caught:
+        if "synchroniz" in str(w.message):
+            where = w.filename.split("/cure_core/")[-1] if "/cure_core/" in w.filename else w.filename.rsplit("/", 1)[-1]
+            key = f"{where}:{w.lineno}"
+            sites[key] = sites.get(key, 0) + 1
+    return out, sites
+
+
 def every_padded_size(lm: CachedLM, rows: int) -> None:
     """Run a compiled cache's forward once at every padded size up to `rows`, on the capacity the engine left
     it (its buffers are kept), so that no timed block compiles: the warm-up generation meets only the tree
@@ -397,6 +422,18 @@ def e2e(target, drafter: SyntheticDrafter, clock: Clock, runs, prompts, new_toke
             out = run(label, prompt, True)
             stats[label]["prompts"] += 1
             stats[label]["equal"] += out == ref
+    # one more generation per run under CUDA's sync debug mode: the host's waits for the device, per block
+    syncs = {}
+    if prompts and torch.cuda.is_available() and not late():
+        drafter.expect(list(prompts[-1]) + run("ar", prompts[-1], False))
+        for label in cfgs:
+            n_blocks = [0]
+
+            def one(label=label):
+                for _ in engine.generate(prompts[-1], cfgs[label]):
+                    n_blocks[0] += 1
+            _, sites = count_syncs(one)
+            syncs[label] = {"per_block": sum(sites.values()) / max(n_blocks[0], 1), "sites": sites}
     ar_rate = stats["ar"]["tokens"] / stats["ar"]["seconds"] if stats["ar"]["seconds"] else None
     rows = []
     for label, st in stats.items():
@@ -410,12 +447,14 @@ def e2e(target, drafter: SyntheticDrafter, clock: Clock, runs, prompts, new_toke
                      "mean_V": statistics.mean(st["tree"]) if st["tree"] else None,
                      "block_ms_mean": st["seconds"] / st["blocks"] * 1e3 if st["blocks"] else None,
                      "overhead_ms_median": statistics.median(oh) if oh else None,
-                     "overhead_ms_p90": oh[int(0.9 * (len(oh) - 1))] if oh else None})
+                     "overhead_ms_p90": oh[int(0.9 * (len(oh) - 1))] if oh else None,
+                     "syncs": syncs.get(label)})
         r = rows[-1]
         if r["tok_s"] is not None:
             print(f"e2e SYNTHETIC {label:15} {r['tok_s']:8.1f} tok/s ({r['speedup_vs_ar']:.2f}x ar), tau {r['tau']:.2f}, "
                   f"mean V {r['mean_V']:.1f}, overhead {r['overhead_ms_median']:.2f} ms/block, "
-                  f"{r['equal_ar']}/{r['prompts']} equal ar", flush=True)
+                  f"{r['equal_ar']}/{r['prompts']} equal ar"
+                  + (f", {r['syncs']['per_block']:.1f} host syncs/block" if r["syncs"] else ""), flush=True)
     return rows
 
 

@@ -8,7 +8,8 @@
 #       torch.profiler's top kernels of the compiled forward at V = 1 and 64 (where its time goes);
 #     - e2e compiled: tokens/s, tau and per-block host overhead per strategy with the SYNTHETIC drafter
 #       (synthetic_drafter.py: told the target's output, chain tau 6.5 at K=16), beside the random DFlash
-#       drafter whose forwards it runs for their cost (compiled with the target).
+#       drafter whose forwards it runs for their cost (compiled with the target), and per run the host's
+#       waits for the device per block, by the line that waited (CUDA's sync debug mode: #13 item 4).
 #   PART=2 (~4 min)
 #     - lossless on CUDA: every strategy against ar on tiny float32 models (3 prompts, the compiled path too);
 #     - e2e eager: the same strategies and more (V 64, the auto budget, the paper's tree), uncompiled.

@@ -73,3 +73,17 @@ def test_the_compiled_forward_is_profiled_by_op(tmp_path):
     assert prof["v"] == 4 and prof["clock"] == "cpu" and prof["wall_ms_profiled"] > 0 and prof["layout"]["compile"]
     assert len(prof["top"]) > 3 and all(r["ms_per_forward"] >= 0 and r["calls_per_forward"] > 0 for r in prof["top"])
     assert prof["top"][0]["ms_per_forward"] >= prof["top"][-1]["ms_per_forward"]
+
+
+def test_sync_sites_are_counted_by_the_line_that_waited():
+    """count_syncs keeps the warnings CUDA's sync debug mode raises (here raised by hand: this CPU has no CUDA),
+    by file and line, and nothing else."""
+    import warnings
+    with benchmark_script("gpu_costs") as mod:
+        def fn():
+            for _ in range(3):
+                warnings.warn("called a synchronizing CUDA operation")
+            warnings.warn("something else")
+            return 7
+        out, sites = mod.count_syncs(fn)
+    assert out == 7 and list(sites.values()) == [3] and list(sites)[0].startswith("test_gpu_costs.py:")
