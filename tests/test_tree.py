@@ -401,3 +401,14 @@ def test_add_node_keeps_the_trie_as_add_path_does():
         assert a.add_node(token, parent, branch) == b.add_path([token], branch=branch, parent=parent)[0]
     assert (a.tokens, a.parents, a.depths, a.branches) == (b.tokens, b.parents, b.depths, b.branches)
     assert a._child == b._child and a._repair_width == b._repair_width == {2: 2, 3: 1, 1: 1}
+
+
+def test_top_k_comes_to_the_host_in_one_read_exactly():
+    """drafters.base.to_host (what top_k_logprobs runs off the CPU): ids and log-probs packed into one float64
+    read come back exactly, the largest Qwen ids and -inf (a masked id) included."""
+    from cure_core.drafters.base import to_host
+    ids = torch.tensor([[151935, 0, 7], [123456, 151934, 1]])
+    logp = torch.tensor([[-0.1234567, -3.5, -math.inf], [-1e-8, -20.25, -7.0]], dtype=torch.float32)
+    i2, l2 = to_host(ids, logp)
+    assert i2.dtype == torch.long and l2.dtype == torch.float32
+    assert torch.equal(i2, ids) and torch.equal(l2, logp)

@@ -163,7 +163,16 @@ def proposals(rows: Sequence[torch.Tensor], top_k: int, to_ids=lambda cols: cols
 
 
 def top_k_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """[n, V] logits -> ([n, k] ids, [n, k] log-probs), best first."""
+    """[n, V] logits -> ([n, k] ids, [n, k] log-probs), best first, on the host.
+    Rule: off the CPU both come back in ONE device-to-host read (ids ride as float64, exact below 2^53; a
+    float32 log-prob is exact in float64): each read is a wait for the device (#13 item 4)."""
     logp = torch.log_softmax(logits.float(), dim=-1)
     vals, ids = logp.topk(min(k, logp.shape[-1]), dim=-1)
-    return ids.cpu(), vals.cpu()
+    return (ids, vals) if vals.device.type == "cpu" else to_host(ids, vals)
+
+
+def to_host(ids: torch.Tensor, logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[n, k] long ids and [n, k] float32 log-probs on a device -> the same on the host, in one read."""
+    both = torch.cat([logp.double(), ids.double()], dim=-1).cpu()          # [n, 2k]
+    width = logp.shape[-1]
+    return both[:, width:].long(), both[:, :width].float()
