@@ -324,9 +324,9 @@ class Engine:
             # Step 6. Verify: one target forward over [root, nodes]; node i is scratch row i + 1.
             fwd = target.forward([root] + tree.tokens, [-1] + [p + 1 for p in tree.parents])
             if cfg.temperature == 0:
-                pred = fwd.logits.argmax(-1)                       # [N+1]
+                pred = fwd.logits.argmax(-1).tolist()              # [N+1] on the host: the verify's one read
                 path = greedy_accept(tree, pred)
-                bonus = int(pred[path[-1] + 1 if path else 0])
+                bonus = pred[path[-1] + 1 if path else 0]
             else:
                 path, bonus = sample_accept(tree, fwd.logits, cfg.temperature, gen)
             t_verify = now()

@@ -101,10 +101,11 @@ def fill_ancestors(anc: np.ndarray, parents, start: int) -> None:
         anc[i, i] = True
 
 
-def greedy_accept(tree: DraftTree, target_argmax: torch.Tensor) -> list[int]:
+def greedy_accept(tree: DraftTree, target_argmax: torch.Tensor | list[int]) -> list[int]:
     """Longest accepted path at temperature 0.
 
-    target_argmax: [N+1] long, the target's argmax at [root, node_0, ...].
+    target_argmax: [N+1] long (a tensor, or already on the host as a list), the target's argmax at
+    [root, node_0, ...].
     Rule: a node is accepted iff its parent is accepted (the root always is) and its token equals
     the target's argmax at the parent. Children of one parent hold distinct tokens, so the accepted
     nodes form a single chain: the winning path. Returns its node indices, shallow to deep.
@@ -112,7 +113,7 @@ def greedy_accept(tree: DraftTree, target_argmax: torch.Tensor) -> list[int]:
     n = len(tree)
     if n == 0:
         return []
-    pred = target_argmax.tolist()
+    pred = target_argmax.tolist() if isinstance(target_argmax, torch.Tensor) else target_argmax
     tokens = np.asarray(tree.tokens)
     parents = np.asarray(tree.parents)
     depths = np.asarray(tree.depths)
