@@ -29,9 +29,8 @@ import gc
 import os
 import random
 import statistics
-import time
-
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -157,10 +156,11 @@ def main(argv=None) -> list[dict]:
     prompt = list(b"def quicksort(xs):\n    ")
     block = args.drafter != "ar"
     if synthetic:
-        if not 1.0 <= args.synthetic_tau <= SYNTHETIC_K:
-            ap.error(f"--synthetic-tau must lie in [1, {SYNTHETIC_K}]")
-        pair.drafter = SyntheticDrafter(Profile(profile_for_tau(args.synthetic_tau, SYNTHETIC_K)), BYTE_VOCAB,
-                                        SYNTHETIC_K, inner=pair.drafter, mask_token_id=MASK_ID)
+        try:
+            profile = Profile(profile_for_tau(args.synthetic_tau, SYNTHETIC_K))
+        except ValueError as e:
+            ap.error(f"--synthetic-tau: {e}")
+        pair.drafter = SyntheticDrafter(profile, BYTE_VOCAB, SYNTHETIC_K, inner=pair.drafter, mask_token_id=MASK_ID)
         ref = [t for b in Engine(pair).generate(prompt, DecodeConfig(strategy="ar", max_new_tokens=64,
                                                                      kv_cache=args.kv_cache)) for t in b.emitted]
         pair.drafter.expect(prompt + ref)               # every lossless run emits exactly this
@@ -209,7 +209,9 @@ def main(argv=None) -> list[dict]:
               f"[{d['ci95_ms'][0]:+.2f}, {d['ci95_ms'][1]:+.2f}]")
     if args.json:
         atomic_write_json(args.json, {"threads": args.threads, "kv_cache": args.kv_cache,
-                                      "drafter": args.drafter + (" (SYNTHETIC: told the target's output)" if synthetic else ""), "auto_budget": args.auto,
+                                      "drafter": args.drafter + (" (SYNTHETIC: told the target's output)"
+                                                                 if synthetic else ""),
+                                      "auto_budget": args.auto,
                                       "load_average": list(os.getloadavg()), "rows": rows,
                                       "paired_cure_minus_ddtree": diffs}, indent=2)
     return rows

@@ -71,6 +71,12 @@ class Profile:
     concentration: float = 4.0    # of the top-1 probability's Beta draw: lower spreads sure and unsure rows apart
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        if not self.rates or not all(0.0 <= r <= 1.0 for r in self.rates):
+            raise ValueError(f"agreement rates must lie in [0, 1]: {self.rates}")
+        if not 0.0 <= self.below_miss <= 1.0:
+            raise ValueError(f"below_miss must lie in [0, 1]: {self.below_miss}")
+
     def rate(self, depth: int) -> float:
         return self.rates[min(depth, len(self.rates)) - 1]
 
@@ -81,8 +87,6 @@ class SyntheticDrafter:
     redrafts_while_drafting = False
 
     def __init__(self, profile: Profile, vocab_size: int, block_size: int, inner=None, mask_token_id: int | None = None):
-        if not profile.rates or not all(0.0 <= r <= 1.0 for r in profile.rates):
-            raise ValueError(f"agreement rates must lie in [0, 1]: {profile.rates}")
         self.profile = profile
         self.vocab = int(vocab_size)
         self.block_size = int(block_size)
