@@ -67,10 +67,3 @@ def benchmark_script(name: str):
     finally:
         sys.modules.pop(spec.name, None)
 
-
-def tiny_records(path: Path, budgets: str) -> Path:
-    """Blocks of the tiny pair recorded by benchmarks/tree_shapes.py (--save-records), for the replay scripts."""
-    with benchmark_script("tree_shapes") as shapes:
-        shapes.main(["--tiny", "--max-new-tokens", "24", "--budgets", budgets, "--redrafts", "1", "--threads", "1",
-                     "--save-records", str(path)])
-    return path

@@ -104,7 +104,7 @@ def test_re_drafts_in_the_chain_steps_equal_redraft_topk(target, drafts):
 
 def test_the_engine_builds_the_tree_a_replay_of_the_proposal_builds(target, drafts):
     """The tree from the drafter's in-step re-drafts equals the one built from its proposal alone (the
-    re-drafts then asked of redraft_topk): what tree_shapes replays is what the engine verifies."""
+    re-drafts then asked of redraft_topk): a replay of recorded proposals builds what the engine verifies."""
     d = ArDrafter(drafts["mild"], vocab_size=BYTE_VOCAB)
     cfg = DecodeConfig(strategy="cure", k=8, v_max=24, redrafts=2, redraft_weight=1.0)
     assert redrafts_while_drafting(cfg, d, 7) == 2 and redrafts_while_drafting(cfg.with_(v_max=7), d, 7) == 0
