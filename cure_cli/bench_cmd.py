@@ -281,7 +281,7 @@ def write_report(p: Plan, m: Loaded, args: EngineArgs, finished: list[PairResult
 def check_engine(engine: str, p: Plan, args: EngineArgs) -> str | None:
     """--engine: refuse what vLLM cannot run here before any model loads; the drafter's folder to export
     (None: no block strategy runs, so vLLM runs ar alone)."""
-    from cure_core.defaults import BLOCK_STRATEGIES, choose_models
+    from cure_core.catalog import BLOCK_STRATEGIES, choose_models
 
     from .bench.vllm_engine import check
     draft = None

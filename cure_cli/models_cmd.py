@@ -3,21 +3,17 @@ drafters that ship for them (assets/drafters/<target alias>/, read from each dra
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from dataclasses import asdict
-
-from cure_core.defaults import ASSETS
-from cure_core.drafters.card import DrafterCard, drafter_cards
-from cure_core.embedded import DEFAULT_TARGET, EMBEDDED_MODELS, MARKER, cache_path, ensure_cached, model_status
+from cure_core.catalog import DEFAULT_TARGET, DRAFTERS, EMBEDDED_MODELS, DrafterCard, drafter_cards
+from cure_core.embedded import MARKER, cache_path, ensure_cached, model_status
 
 from .common import err_console, friendly_errors
-
-DRAFTERS = ASSETS / "drafters"
 
 
 def _mb(n: int) -> str:

@@ -9,7 +9,7 @@ Names load lazily (PEP 562): `import cure_core.config` must not pull in torch an
 """
 from importlib import import_module
 
-__version__ = "0.1.0"
+from .version import __version__
 
 _EXPORTS = {"load": "api", "open_pair": "api", "Block": "block", "ConfigError": "config",
             "DecodeConfig": "config", "Engine": "engine", "ModelPair": "engine", "EngineArgs": "options",

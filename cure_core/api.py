@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from .config import STRATEGIES, ConfigError
-from .defaults import choose_models
+from .catalog import choose_models
 from .errors import ModelLoadError
 from .models import LoadedPair, load_pair
 from .options import EngineArgs
@@ -75,7 +75,7 @@ def open_pair(args: EngineArgs, strategies: Sequence[str] | None = None,
     loaded.pair.chain_strategies = choice.chain_strategies
     if "cure" in choice.chain_strategies and loaded.pair.ar_drafter is not None:
         notes.append(f"cure repairs the chain draft {choice.ar_draft or choice.draft}"
-                     f"'s chains on {choice.target} (cure_core/defaults.py); `draft` names a block drafter for it")
+                     f"'s chains on {choice.target} (cure_core/catalog.py); `draft` names a block drafter for it")
     drafter = loaded.pair.drafter or loaded.pair.ar_drafter
     # Rule: K is the block drafter's trained K; a repaired chain with no block drafter gives its own.
     block_size = getattr(drafter, "block_size", None) or choice.chain_k

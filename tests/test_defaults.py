@@ -1,11 +1,10 @@
-"""Which models run when the user names none (cure_core/defaults.py): the shipped drafters under
+"""Which models run when the user names none (cure_core/catalog.py): the shipped drafters under
 assets/drafters/ are the block strategies' defaults, the chain draft stays sd's (#14 item 1)."""
 import json
 
-from cure_core.defaults import ASSETS, AR_DRAFT_FOR, CURE_OVER_CHAIN, choose_models, shipped_drafter
+from cure_core.catalog import (AR_DRAFT_FOR, ASSETS, CURE_OVER_CHAIN, DEFAULT_TARGET, choose_models, read_card,
+                                shipped_drafter)
 from cure_core.drafters.adapted import adapter_config, is_adapted_checkpoint
-from cure_core.drafters.card import read_card
-from cure_core.embedded import DEFAULT_TARGET
 
 ALL = ("ar", "sd", "parallel", "cure", "ddtree")
 

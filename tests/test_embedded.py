@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from cure_core import embedded
+from cure_core.catalog import DEFAULT_TARGET, EMBEDDED_MODELS, EmbeddedModel, cache_root
 from cure_core.embedded import (
-    DEFAULT_TARGET, EMBEDDED_MODELS, MARKER, EmbeddedModel, EmbeddedModelError, assemble_gguf,
-    cache_root, ensure_cached, locate_parts, model_status, resolve_model_path,
+    MARKER, EmbeddedModelError, assemble_gguf, ensure_cached, locate_parts, model_status, resolve_model_path,
 )
 
 

@@ -8,7 +8,7 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from cure_cli.main import app
-from cure_core.defaults import ASSETS
+from cure_core.catalog import ASSETS
 from cure_core.drafters.dflash import load_dflash_model
 from cure_core.tiny import BYTE_VOCAB, MASK_ID, byte_tokenizer, save_tiny_pair, tiny_target
 from cure_core.training.dflash_train import build_model, draft_config_dict, init_from_target, save_dflash

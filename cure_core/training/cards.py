@@ -1,4 +1,4 @@
-"""What `cure train-drafter` writes about a drafter: drafter.json (drafters/card.py) and the
+"""What `cure train-drafter` writes about a drafter: drafter.json (catalog.py) and the
 training-stretches section of MODEL_CARD.md (between two markers; the rest of the card is prose a
 person writes, and is kept as it is)."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from ..drafters.card import CARD_JSON, TauRow
+from ..catalog import CARD_JSON, TauRow
 from ..files import atomic_write_json, atomic_write_text
 
 CARD_MD = "MODEL_CARD.md"

@@ -10,8 +10,8 @@ from typing import Callable
 
 import torch
 
+from ..catalog import TauRow
 from ..cpu_kernels import pack_linears, unavailable_reason
-from ..drafters.card import TauRow
 from ..errors import CureError
 from .cards import EVAL_SOURCE, write_cards
 from .checkpoint import read_state
