@@ -13,8 +13,10 @@ for the uid and the limits.
 The unprivileged bwrap gives each process its own user, mount, PID, network (loopback only), IPC, UTS and
 cgroup namespaces, forbids further user namespaces, drops every capability, sets no-new-privs, and shows
 a read-only view: /usr (plus the merged-/usr links), the Python installation, /etc/ld.so.cache, a fresh
-/proc of its own PID namespace and a minimal /dev. The only writable places are two size-capped tmpfs
-(/sandbox, the cwd, and /tmp) that vanish with it. Nothing from the parent's environment goes in.
+/proc of its own PID namespace and a read-only /dev holding null, zero, full, random, urandom and the fd
+links (/dev/shm is a link to /tmp). The only writable places are two size-capped tmpfs (/sandbox, the cwd,
+and /tmp) that vanish with it; a seccomp filter refuses the other ways to hold the host's memory (memfd,
+SysV shm and message queues, POSIX mq). Nothing from the parent's environment goes in.
 When the process ends, its PID namespace ends, so nothing it started outlives the run; --die-with-parent
 kills it if the grader dies. As root the outer bwrap exists because the unprivileged one resolves its
 bind sources as uid 65534, which cannot pass through e.g. a 0700 /root holding a pyenv Python: the outer
@@ -33,6 +35,7 @@ import secrets
 import select
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import sysconfig
@@ -105,7 +108,16 @@ def isolation_problem() -> str | None:
         return None
     reason = next((line.strip() for line in error.splitlines() if line.strip()),
                   f"exit status {proc.popen.returncode}")
-    return f"cannot isolate generated code: the sandbox does not start here ({reason[:200]})"
+    return f"cannot isolate generated code: the sandbox does not start here ({cut_at_word(reason, 400)})"
+
+
+def cut_at_word(text: str, limit: int) -> str:
+    """``text`` if it has at most ``limit`` characters, else its words up to ``limit`` and "..." (a word
+    longer than the limit is the only thing cut inside)."""
+    if len(text) <= limit:
+        return text
+    head = text[:limit + 1].rsplit(None, 1)[0] if " " in text[:limit + 1] else text[:limit]
+    return head.rstrip() + " ..."
 
 
 def require_isolation() -> None:
@@ -127,15 +139,20 @@ def python_roots() -> tuple[str, ...]:
     return tuple(sorted({os.path.realpath(r) for r in roots if r}))
 
 
-def _view() -> tuple[list[str], list[str]]:
-    """(bwrap arguments for the read-only view, the directories it binds)."""
-    args: list[str] = ["--ro-bind", "/usr", "/usr"]
+def _view() -> tuple[list[str], list[str], list[str]]:
+    """(bwrap arguments for the system part of the read-only view, those for the Python installation and
+    /etc/ld.so.cache, the directories bound).
+
+    Rule: the caller puts the second part after its tmpfs mounts, so a Python that lives under /tmp (a venv
+    there) is bound on top of the fresh /tmp instead of being hidden by it.
+    """
+    system: list[str] = ["--ro-bind", "/usr", "/usr"]
     bound = ["/usr"]
     for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
         if os.path.islink(top):             # merged /usr: keep the link
-            args += ["--symlink", os.readlink(top), top]
+            system += ["--symlink", os.readlink(top), top]
         elif os.path.isdir(top):
-            args += ["--ro-bind", top, top]
+            system += ["--ro-bind", top, top]
             bound.append(top)
     made: set[str] = set()
 
@@ -150,27 +167,46 @@ def _view() -> tuple[list[str], list[str]]:
                 out += ["--perms", "0755", "--dir", parent]
         return out
 
+    python: list[str] = []
     for root in python_roots():
         if any(root == b or root.startswith(b + "/") for b in bound):
             continue
-        args += [*parents(root), "--ro-bind", root, root]
+        python += [*parents(root), "--ro-bind", root, root]
         bound.append(root)
-    args += [*parents("/etc/ld.so.cache"), "--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache"]
-    return args, bound
+    python += [*parents("/etc/ld.so.cache"), "--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache"]
+    return system, python, bound
+
+
+# The device nodes a sandbox gets (bound from the host's /dev, read-only /dev around them).
+DEVICES = ("null", "zero", "full", "random", "urandom")
+
+
+def _dev() -> list[str]:
+    """bwrap arguments for a minimal /dev: the five devices, the fd links, and /dev/shm as a link to the
+    capped /tmp. The caller remounts /dev read-only, so nothing can be written in it (a writable /dev is an
+    uncapped tmpfs in the host's memory)."""
+    args = ["--perms", "0755", "--size", str(64 * 1024), "--tmpfs", "/dev"]
+    for name in DEVICES:
+        args += ["--dev-bind", f"/dev/{name}", f"/dev/{name}"]
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
+                         ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2"), ("shm", "/tmp")):
+        args += ["--symlink", target, f"/dev/{name}"]
+    return args
 
 
 def read_roots() -> list[str]:
     """What the audit hook inside lets the sample read besides its own dirs (the view, less /etc)."""
-    return [*_view()[1], *python_roots(), "/cure", "/dev/null", "/dev/zero", "/dev/urandom", "/dev/random",
+    return [*_view()[2], *python_roots(), "/cure", "/dev/null", "/dev/zero", "/dev/urandom", "/dev/random",
             "/proc/cpuinfo", "/proc/meminfo"]
 
 
 def _outer_privileged() -> list[str]:
     """As root: a privileged bwrap that builds the view, then setpriv down to the sandbox uid."""
-    view, _ = _view()
+    system, python, _ = _view()
     return [
         "bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
-        "--die-with-parent", *view, "--dev", "/dev", "--bind", "/proc", "/proc", "--tmpfs", "/tmp",
+        "--die-with-parent", *system, "--dev", "/dev", "--bind", "/proc", "/proc",
+        "--size", str(1024 * 1024), "--tmpfs", "/tmp", *python,
         "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP",
         "--",
         "setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups", "--no-new-privs",
@@ -205,9 +241,10 @@ def _running_tasks(uid: int) -> int:
     return running
 
 
-def _sandbox(files: dict[str, int], cfg: dict) -> list[str]:
-    """The unprivileged bwrap and the python in it; ``files`` maps a path inside to an fd with its text."""
-    view, _ = _view()
+def _sandbox(files: dict[str, int], cfg: dict, seccomp_fd: int | None) -> list[str]:
+    """The unprivileged bwrap and the python in it; ``files`` maps a path inside to an fd with its text,
+    ``seccomp_fd`` holds the filter from :func:`seccomp_filter`."""
+    system, python, _ = _view()
     data: list[str] = []
     for dest, fd in files.items():
         data += ["--ro-bind-data", str(fd), dest]
@@ -217,11 +254,52 @@ def _sandbox(files: dict[str, int], cfg: dict) -> list[str]:
     return [
         "bwrap", "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
         "--unshare-cgroup-try", "--disable-userns", "--die-with-parent", "--new-session",
-        "--hostname", "sandbox", *view, "--proc", "/proc", "--dev", "/dev",
+        "--hostname", "sandbox", *system, "--proc", "/proc", *_dev(),
         "--size", str(TMPFS_BYTES), "--tmpfs", "/tmp", "--size", str(TMPFS_BYTES), "--tmpfs", "/sandbox",
-        *data, "--remount-ro", "/", "--chdir", "/sandbox", "--clearenv", *env, "--cap-drop", "ALL",
+        *python, *data, "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/sandbox", "--clearenv", *env,
+        "--cap-drop", "ALL", *([] if seccomp_fd is None else ["--seccomp", str(seccomp_fd)]),
         "--", os.path.realpath(sys.executable), "-I", "-S", CHILD_PATH, json.dumps(cfg),
     ]
+
+
+# --------------------------------------------------------------------------------------------
+# The seccomp filter: memory a sample could hold outside its capped tmpfs
+# --------------------------------------------------------------------------------------------
+# Per architecture: the AUDIT_ARCH value, the syscalls refused, and whether syscall numbers at or above
+# 0x40000000 (the x32 ABI) are another ABI. memfd_create, memfd_secret, shmget, msgget and mq_open each make
+# kernel memory (shmem, message queues) that no tmpfs cap or RLIMIT_AS counts and that lives as long as
+# the sandbox; refused with EPERM. A syscall of another ABI (i386 or x32 on x86_64, arm32 on aarch64) is
+# refused too, so the same calls cannot come in under other numbers.
+_SECCOMP_ARCHES = {
+    #          AUDIT_ARCH   memfd_create memfd_secret shmget msgget mq_open    x32 bit
+    "x86_64": (0xC000003E, (319, 447, 29, 68, 240), True),
+    "aarch64": (0xC00000B7, (279, 447, 194, 186, 180), False),
+}
+
+
+@functools.lru_cache(maxsize=1)
+def seccomp_filter() -> bytes | None:
+    """The classic-BPF program (struct sock_filter[]) bwrap's --seccomp loads; None on an architecture
+    this table does not know (there the tmpfs caps and RLIMIT_AS are the only memory bounds)."""
+    spec = _SECCOMP_ARCHES.get(os.uname().machine)
+    if spec is None:
+        return None
+    arch, refused, x32 = spec
+    ld_abs, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
+    allow, deny = 0x7FFF0000, 0x00050000 | 1          # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
+    # (code, jump-to-deny when true?, jump-to-deny when false?, k); jumps are filled in below.
+    program: list[tuple[int, bool, bool, int]] = [(ld_abs, False, False, 4), (jeq, False, True, arch),
+                                                 (ld_abs, False, False, 0)]
+    if x32:
+        program.append((jge, True, False, 0x40000000))
+    program += [(jeq, True, False, nr) for nr in refused]
+    program += [(ret, False, False, allow), (ret, False, False, deny)]
+    last = len(program) - 1
+    out = b""
+    for i, (code, true_denies, false_denies, k) in enumerate(program):
+        to_deny = last - (i + 1)
+        out += struct.pack("=HBBI", code, to_deny if true_denies else 0, to_deny if false_denies else 0, k)
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -279,11 +357,13 @@ def _spawn(cfg: dict, files: dict[str, str], *, limits: Limits, stdin: IO[bytes]
     with open(_CHILD_SOURCE, encoding="utf-8") as f:
         texts = {CHILD_PATH: f.read(), **files}
     data_fds = {dest: _memfd(text) for dest, text in texts.items()}
+    bpf = seccomp_filter()
+    seccomp_fd = None if bpf is None else _memfd(bpf)
     info_r, info_w = os.pipe()
     cgroup = None
     try:
         uid = SANDBOX_UID if _root() else os.getuid()
-        command = _prlimit(limits, uid) + _sandbox(data_fds, cfg)
+        command = _prlimit(limits, uid) + _sandbox(data_fds, cfg, seccomp_fd)
         if _root():
             cgroup = _PidsCgroup.create(limits.nproc + 8)
             command = _outer_privileged() + command
@@ -296,7 +376,8 @@ def _spawn(cfg: dict, files: dict[str, str], *, limits: Limits, stdin: IO[bytes]
         try:
             popen = subprocess.Popen(command, stdin=stdin, stdout=stdout, stderr=stderr, env=dict(_ENV),
                                      cwd="/", close_fds=True, start_new_session=True,
-                                     pass_fds=(*fds.values(), *data_fds.values(), info_w))
+                                     pass_fds=(*fds.values(), *data_fds.values(), info_w,
+                                               *([] if seccomp_fd is None else [seccomp_fd])))
         except OSError:
             if cgroup is not None:
                 cgroup.kill_all_and_remove()
@@ -305,7 +386,7 @@ def _spawn(cfg: dict, files: dict[str, str], *, limits: Limits, stdin: IO[bytes]
         info_w = -1
         return Sandboxed(popen, cgroup, _init_pidfd(info_r))
     finally:
-        for fd in (*data_fds.values(), info_r, info_w):
+        for fd in (*data_fds.values(), info_r, info_w, -1 if seccomp_fd is None else seccomp_fd):
             if fd >= 0:
                 os.close(fd)
 
@@ -326,10 +407,10 @@ def _init_pidfd(info_r: int) -> int | None:
         return None
 
 
-def _memfd(text: str) -> int:
-    """An anonymous in-memory file holding ``text``, positioned at its start (bwrap copies it in)."""
+def _memfd(text: str | bytes) -> int:
+    """An anonymous in-memory file holding ``text``, positioned at its start (bwrap reads it)."""
     fd = os.memfd_create("cure-sandbox")
-    data = memoryview(text.encode("utf-8"))
+    data = memoryview(text.encode("utf-8") if isinstance(text, str) else text)
     while data:
         data = data[os.write(fd, data):]
     os.lseek(fd, 0, os.SEEK_SET)

@@ -26,6 +26,7 @@ import json
 import os
 import sys
 import types
+import weakref
 
 SOURCE = "/sandbox/main.py"
 TESTS = "/sandbox/tests.py"
@@ -42,8 +43,10 @@ _RERAISED = tuple(
 )
 
 
-class WireError(Exception):
-    """A message on the pipes that is not what the protocol allows."""
+class WireError(BaseException):
+    """A message on the pipes that is not what the protocol allows.
+
+    A BaseException: the tests' own ``except Exception`` must not swallow a forged reply."""
 
 
 class RemoteError(Exception):
@@ -225,12 +228,28 @@ def _perform(request: dict, handles: _Handles):
         return getattr(target, args[0])
     if op == "getitem" and len(args) == 1:
         return target[args[0]]
-    if op == "contains" and len(args) == 1:
-        return args[0] in target
-    unary = {"iter": iter, "next": next, "len": len, "bool": bool, "str": str}
+    unary = {"iter": iter, "next": next, "len": len, "bool": bool}
     if op in unary and not args:
+        # Rule: only a type of Python's own answers these (a generator, map, range, deque...): the program's
+        # class would decide by its own __bool__/__len__/__iter__ what the tests see, not by value.
+        if not _fixed_type(target):
+            raise TypeError(f"the tests cannot ask for {op}() of a {type(target).__name__} the program "
+                            f"defined (only of plain data and Python's own types)")
         return unary[op](target)
     raise WireError(f"unknown request {op!r}")
+
+
+def _fixed_type(obj) -> bool:
+    """Whether ``obj``'s type and every base are Python's own compiled types (no class statement of the
+    program's anywhere), and not one that hands bool/len/iter on to another object (weakref proxies,
+    mappingproxy)."""
+    cls = type(obj)
+    if cls in (weakref.ProxyType, weakref.CallableProxyType, types.MappingProxyType):
+        return False
+    return not any(base.__flags__ & _HEAPTYPE for base in cls.__mro__)
+
+
+_HEAPTYPE = 1 << 9      # Py_TPFLAGS_HEAPTYPE: the type was made by a class statement (or type())
 
 
 def _exception_reply(exc: BaseException) -> dict:
@@ -259,8 +278,10 @@ def serve(namespace: dict, requests_fd: int, replies_fd: int) -> None:
             return
         try:
             reply = {"v": encode(_perform(request, handles), handles.handle)}
-        except StopIteration:
-            reply = {"stop": True}
+        except StopIteration as exc:
+            # Rule: "stop" is the end of an iteration, so only the answer to `next`; a StopIteration out of
+            # a call is the program's error (a test built on map() or a generator must not end early).
+            reply = {"stop": True} if request.get("op") == "next" else _exception_reply(exc)
         except WireError:
             raise
         except Exception as exc:        # the program's own error: the judge re-raises it
@@ -300,7 +321,8 @@ class Remote:
         return self._ask("getitem", key)
 
     def __contains__(self, key) -> bool:
-        return bool(self._ask("contains", key))
+        # By value here, as ``==`` is: the program's own __contains__ or its items' __eq__ are never asked.
+        return any(item is key or item == key for item in self)
 
     def __iter__(self):
         return self._ask("iter")
@@ -320,14 +342,15 @@ class Remote:
             raise TypeError("bool() of a program object did not give a bool")
         return answer
 
-    def __str__(self) -> str:
-        text = self._ask("str")
-        if type(text) is not str:
-            raise TypeError("str() of a program object did not give a str")
-        return text
-
-    def __repr__(self) -> str:            # local: an assertion message never calls into the program
+    def __repr__(self) -> str:
+        # Local, and str() and format() too: an assertion message or a comparison of str(result) never
+        # calls into the program (its __str__ could say anything).
         return f"<program object #{self._cure_number}>"
+
+    __str__ = __repr__
+
+    def __format__(self, spec: str) -> str:
+        return format(repr(self), spec)
 
     def __eq__(self, other) -> bool:
         return type(other) is Remote and other._cure_link is self._cure_link \
@@ -370,7 +393,7 @@ class Link:
             raise RemoteError("the program exited while the tests were calling it")
         if set(reply) == {"v"}:
             return self.value(reply["v"])
-        if reply == {"stop": True}:
+        if reply == {"stop": True} and op == "next":
             raise StopIteration
         if set(reply) == {"x"} and type(reply["x"]) is list and len(reply["x"]) == 2 \
                 and all(type(x) is str for x in reply["x"]):
