@@ -1,11 +1,14 @@
 """`cure bench`: metric definitions on hand-made Blocks, the interleaving order, resume, and the
 command end to end on tiny saved checkpoints."""
 import importlib.util
+import io
 import json
 
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
+from cure_cli.bench import report
 from cure_cli.bench import runner as bench_runner
 from cure_cli.bench.runner import (BenchError, BenchPrompt, PairResult, ProgressLog, RunSpec, build_runs, interleave,
                                    parse_list)
@@ -305,6 +308,12 @@ def test_tables_pard_chain_sd_and_code_exec(tiny_dirs, prompts_file, tmp_path):
     assert r.exit_code == 0, r.output
     assert "tau" in r.stdout and "TPOT" in r.stdout and "lossless" in r.stdout
     res = json.loads((out / "results.json").read_text())
+    # a speedup names the ar it divides by, and results.json records that ar's dtype
+    assert res["device"]["ar_dtype"] == "float32"
+    wide = Console(width=300, record=True, file=io.StringIO())
+    report.print_tables(wide, res)
+    heads = [line for line in wide.export_text().splitlines() if "x ar" in line and "tau x ar TPOT" not in line]
+    assert heads and all(line.count("x ar") == line.count("x ar (float32)") for line in heads)
     assert list(res["metrics"]) == ["ar", "sd", "cure"] and res["skipped"] == []
     assert res["lossless"]["sd"]["identical"] == 1
     assert res["scoring"]["note"] is None and res["scoring"]["metric"] == "pass@1"

@@ -33,7 +33,7 @@ def plot_all(out_dir: Path, results: dict, pairs: Sequence[PairResult]) -> list[
     speed = [metrics[n]["speedup_vs_ar"] or 0.0 for n in names]
     a1.bar(names, speed, color="tab:blue")
     a1.axhline(1.0, color="grey", lw=0.8, ls="--")
-    a1.set_title("speedup vs ar (TPOT ratio)")
+    a1.set_title(f"speedup vs ar ({(results.get('device') or {}).get('ar_dtype', '?')}), TPOT ratio")
     a2.bar(names, [metrics[n]["tau"] for n in names], color="tab:orange")
     a2.set_title("tau (tokens per target forward)")
     for ax in (a1, a2):

@@ -44,7 +44,8 @@ def build_results(*, status: str, dataset: str, data_path: str | None, limit: in
         "status": status,                                # complete | interrupted
         "output_dir": str(output_dir),
         "dataset": dataset, "data_path": data_path, "limit": limit, "prompts": prompts, "chat": chat,
-        "models": models, "versions": versions, "device": device,
+        "models": models, "versions": versions,
+        "device": {**device, "ar_dtype": ar_dtype(device)},   # what every speedup divides by: ar in this dtype
         "config": base_config,                           # shared engine settings (temperature, seed, k, ...)
         "runs": {r.name: r.config.to_dict() for r in runs},
         "order": order, "warmup": warmup,
@@ -84,6 +85,16 @@ def _table(title: str, *cols: tuple[str, str]) -> Table:
     return t
 
 
+def ar_dtype(device: dict) -> str:
+    """The dtype of the ar run speedups divide by: the target's (every run shares the target object)."""
+    return device.get("ar_dtype") or device.get("dtype") or "?"
+
+
+def _x_ar(results: dict, prefix: str = "") -> str:
+    """A speedup column's name, naming the ar it divides by: 'x ar (float32)'."""
+    return f"{prefix}x ar ({ar_dtype(results['device'])})"
+
+
 def _draft_dtype_note(device: dict) -> str:
     """', drafter bfloat16' when the drafters ran in another dtype than the target."""
     dd = device.get("draft_dtype")
@@ -98,7 +109,7 @@ def print_tables(console: Console, results: dict) -> None:
     title = (f"cure bench {results['dataset']}: {n} prompt(s), temperature {results['config']['temperature']}, "
              f"seed {results['config']['seed']}, K={results['config']['k']}, {results['device']['device']} "
              f"{results['device']['dtype']}" + _draft_dtype_note(results['device']))
-    cols = [("run", "left"), ("tau", "right"), ("TPOT ms", "right"), ("tok/s", "right"), ("x ar", "right")]
+    cols = [("run", "left"), ("tau", "right"), ("TPOT ms", "right"), ("tok/s", "right"), (_x_ar(results), "right")]
     cols += [("x sd", "right")] if with_sd else []
     cols += [("match vs ar", "right")]
     t = _table(title, *cols)
@@ -140,7 +151,7 @@ def print_tables(console: Console, results: dict) -> None:
     t = _table("time split (share of decode time; prefill excluded) and the ceiling: tau x ar TPOT / verify ms "
                "per block", ("run", "left"), ("ms/block", "right"),
                ("draft", "right"), ("tree", "right"), ("verify", "right"), ("commit", "right"),
-               ("ceiling x ar", "right"), ("of ceiling", "right"))
+               (_x_ar(results, "ceiling "), "right"), ("of ceiling", "right"))
     for name in names:
         m = metrics[name]
         sp = m["time_split"]
@@ -151,8 +162,8 @@ def print_tables(console: Console, results: dict) -> None:
     budgets = {k: v["budget"] for k, v in metrics.items() if v.get("budget")}
     if budgets:
         t = _table("cost-aware budget (--v-max auto): chosen V and predicted vs measured speedup",
-                   ("run", "left"), ("mean V", "right"), ("V range", "right"), ("predicted x ar", "right"),
-                   ("measured x ar", "right"))
+                   ("run", "left"), ("mean V", "right"), ("V range", "right"),
+                   (_x_ar(results, "predicted "), "right"), (_x_ar(results, "measured "), "right"))
         for name, b in budgets.items():
             t.add_row(name, f"{b['mean_v_max']:.1f}", f"{b['min_v_max']}-{b['max_v_max']}",
                       _f(b["predicted_speedup_vs_ar"], "{:.2f}x"), _f(metrics[name]["speedup_vs_ar"], "{:.2f}x"))
@@ -175,7 +186,7 @@ def print_tables(console: Console, results: dict) -> None:
         c = metrics["cure"]
         t = _table("ablation vs full CURE (paper Table 4; TPOT ratio = run TPOT / cure TPOT)",
                    *((col, "left" if col == "run" else "right") for col in
-                     ("run", "tau", "d tau", "x ar", "d x ar", "TPOT ms", "TPOT ratio")))
+                     ("run", "tau", "d tau", _x_ar(results), _x_ar(results, "d "), "TPOT ms", "TPOT ratio")))
         t.add_row("cure", f"{c['tau']:.2f}", "", _f(c["speedup_vs_ar"], "{:.2f}x"), "", f"{c['tpot_ms']:.1f}", "1.00")
         for name, a in results["ablation"].items():
             t.add_row(name, f"{a['tau']:.2f}", _f(a["delta_tau_pct"], "{:+.1f}%"), _f(a["speedup_vs_ar"], "{:.2f}x"),
