@@ -88,6 +88,23 @@ async def test_turns_prefill_only_their_new_tokens(tiny_engine):
         assert f"prefill {first.prefill_ms:.0f}ms {first.prefill_tokens} tok +{first.reused_tokens} cached" in stats
 
 
+async def test_the_ar_reference_is_measured_after_each_turn_and_the_cache_stays(tiny_engine):
+    """"vs AR" divides by an AR run made right after each answer (under the load that answer saw), on an
+    Engine of its own: the next turn still reuses what the conversation's caches hold."""
+    app = ChatApp(tiny_engine, CFG, calibrate_tokens=2, cursor_blink=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        assert app.ar_tps is None                                  # nothing measured at start-up
+        for text in ("hi", "and then?"):
+            await ask(pilot, app, text)
+        t1, t2 = app.turns
+        assert t1.ar_tps and t2.ar_tps and app.ar_tps == t2.ar_tps
+        first = t2.blocks[0].timings
+        assert first.reused_tokens >= len(t1.prompt_ids)           # the AR run between the turns left it
+        assert t2.token_ids == fresh_output(tiny_engine, t2)
+        stats = app.query_one(StatsPanel).render().plain
+        assert "vs AR f32" in stats and "AR f32 " in stats and "measured after each answer" not in stats
+
+
 async def test_an_edit_and_a_strategy_switch_invalidate_cleanly(tiny_engine):
     app = ChatApp(tiny_engine, CFG, calibrate_tokens=0, cursor_blink=False)
     async with app.run_test(size=(100, 30)) as pilot:

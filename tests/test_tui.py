@@ -193,7 +193,7 @@ async def test_chat_real_engine_tiny_models(tiny_engine, tok):
     app = ChatApp(tiny_engine, cfg, calibrate_tokens=2, cursor_blink=False)
     async with app.run_test(size=(100, 30)) as pilot:
         await ask(pilot, app, "hi")
-        await wait_until(pilot, lambda: app.ar_tps is not None)        # start-up AR calibration
+        await wait_until(pilot, lambda: app.ar_tps is not None)        # the AR run right after the answer
         turn = app.turns[0]
         assert turn.status == "done" and turn.blocks
         out = [t for b in turn.blocks for t in b.emitted]
@@ -204,7 +204,7 @@ async def test_chat_real_engine_tiny_models(tiny_engine, tok):
         assert turn.prompt_ids == encode_prompt(tok, "hi", True)
         assert app.query_one(RepairTree).block is turn.blocks[-1]
         assert f"block {len(turn.blocks) - 1}" in tree_text(app)
-        assert "vs AR" in app.query_one(StatsPanel).render().plain
+        assert turn.ar_tps == app.ar_tps and "vs AR f32" in app.query_one(StatsPanel).render().plain
         # a second turn goes through the chat template with the first answer in the history
         await ask(pilot, app, "more")
         second = app.turns[1]

@@ -192,6 +192,8 @@ class ChatApp(App):
         self._stop = threading.Event()
         self._buffer = BlockBuffer()
         self._md_dirty: set[int] = set()                  # turns whose Markdown lags their text
+        # The AR reference ("vs AR"): --baseline-tps, else a short AR run right after each answer, so it is
+        # measured under the load that answer ran under (a start-up figure goes stale as the load changes).
         self.ar_tps = baseline_tps
         self.ar_note = "--baseline-tps" if baseline_tps else ""
         self.calibrate_tokens = calibrate_tokens if baseline_tps is None else 0
@@ -205,6 +207,11 @@ class ChatApp(App):
         self.record.thinking = getattr(engine, "thinking", None)
         if launch is not None:
             self.record.engine = dict(launch)
+
+    @property
+    def engine_ar_dtype(self) -> str | None:
+        """The dtype the AR reference runs in, for the "vs AR" label (None: unknown)."""
+        return getattr(self.engine, "ar_dtype", None)
 
     # ---- layout ----
     def compose(self) -> ComposeResult:
@@ -243,10 +250,8 @@ class ChatApp(App):
         if self.resumed is not None:
             self._restore(self.resumed)
         self.set_interval(MD_INTERVAL, self._flush_markdown)
-        self._refresh_panels()
         if self.calibrate_tokens > 0:
-            self.ar_note = "calibrating…"
-            self._calibrate(self.cfg, self.calibrate_tokens)
+            self.ar_note = "measured after each answer"
         self._refresh_panels()
 
     def on_resize(self) -> None:
@@ -256,13 +261,13 @@ class ChatApp(App):
 
     # ---- workers (threads) ----
     @work(thread=True, group="calibrate", exit_on_error=False)
-    def _calibrate(self, cfg: DecodeConfig, tokens: int) -> None:
+    def _calibrate(self, turn: int, cfg: DecodeConfig, tokens: int) -> None:
         try:
             tps = self.engine.calibrate(cfg, tokens)
         except Exception as e:  # noqa: BLE001 - shown in the Stats panel, never raised
-            self.post_message(CalibrationDone(None, error_line(e)))
+            self.post_message(CalibrationDone(None, error_line(e), turn))
             return
-        self.post_message(CalibrationDone(tps))
+        self.post_message(CalibrationDone(tps, turn=turn))
 
     @work(thread=True, group="engine", exit_on_error=False)
     def _run_turn(self, turn: int, messages: list[dict], cfg: DecodeConfig) -> None:
@@ -311,6 +316,8 @@ class ChatApp(App):
     # ---- messages from the workers ----
     def on_calibration_done(self, message: CalibrationDone) -> None:
         self.ar_tps = message.ar_tps
+        if message.turn is not None and message.turn < len(self.turns):
+            self.turns[message.turn].ar_tps = message.ar_tps
         if message.error:
             self.ar_note = f"AR calibration failed: {message.error}"
         elif message.ar_tps:
@@ -347,6 +354,8 @@ class ChatApp(App):
         self.refresh_bindings()
         self._refresh_panels()
         self._save_session()
+        if self.calibrate_tokens > 0 and turn.blocks:      # the AR reference, under this answer's load
+            self._calibrate(message.turn, turn.cfg, self.calibrate_tokens)
         await turn.view.markdown.update(turn.md_source)    # the whole answer, parsed once more
         if at_end:
             self.call_after_refresh(log.scroll_end, animate=False)
@@ -450,7 +459,7 @@ class ChatApp(App):
         if cur is None:
             tree.show(None)
             margins.show(None, self.cfg.tau_margin)
-            stats.show(stats_view([], None, [], self.ar_tps, self.ar_note))
+            stats.show(stats_view([], None, [], self.ar_tps, self.ar_note, ar_dtype=self.engine_ar_dtype))
             stats.border_subtitle = self.cfg.strategy
             return
         turn_no, block = cur
@@ -462,7 +471,10 @@ class ChatApp(App):
         upto = turn.blocks[: turn.blocks.index(block) + 1] if self.selected is not None else turn.blocks
         session = [b for _, b in self.session]
         idx = self.selected if self.selected is not None else len(session) - 1
-        stats.show(stats_view(upto, block, session, self.ar_tps, self.ar_note, highlight=idx))
+        # the shown turn's own reference once measured after it; the latest one meanwhile
+        ar_tps = turn.ar_tps if turn.ar_tps is not None else self.ar_tps
+        stats.show(stats_view(upto, block, session, ar_tps, self.ar_note, highlight=idx,
+                              ar_dtype=self.engine_ar_dtype))
         stats.border_subtitle = f"{turn.cfg.strategy} K={turn.cfg.k}"
 
     # ---- input ----

@@ -13,6 +13,7 @@ from typing import Iterator, Protocol, Sequence, runtime_checkable
 
 from cure_core.block import Block
 from cure_core.config import DecodeConfig
+from cure_core.engine import Engine
 from cure_core.errors import CureError, ModelLoadError
 from cure_core.metrics import summarize
 from cure_core.trace import Trace, read_trace
@@ -28,6 +29,7 @@ class ChatEngine(Protocol):
     models: dict          # trace header "models" (target/draft names)
     tokens: TokenText     # token ids -> readable text (the target's tokenizer, or ids)
     calibration_note: str  # where calibrate()'s AR baseline comes from, for the Stats panel
+    ar_dtype: str | None   # the dtype that AR runs in ("f32"), named in the "vs AR" label; None: unknown
     thinking: bool | None  # the chat template's enable_thinking choice (None: its default), saved with chats
 
     def encode(self, messages: Sequence[Message]) -> list[int]:
@@ -43,7 +45,8 @@ class ChatEngine(Protocol):
         """The config a turn would actually run with; raises CureError if it cannot run."""
 
     def calibrate(self, cfg: DecodeConfig, tokens: int) -> float | None:
-        """AR tokens/s on the same model (a short greedy run), or None when unknown."""
+        """AR tokens/s on the same model (a short greedy run), or None when unknown. It must leave the
+        conversation's cached prefix as it was (the chat measures it after every turn)."""
 
 
 class ModelEngine:
@@ -65,7 +68,9 @@ class ModelEngine:
                       else f" ← {names['ar_draft']} (cure repairs its chains)")
         self.label = label
         self.calibration_prompt = calibration_prompt
-        self.calibration_note = "measured at start-up"
+        self.calibration_note = "measured after the last answer"
+        self.ar_dtype = short_dtype(next(self.pair.target.parameters()).dtype)
+        self._ar_engine: Engine | None = None      # calibrate()'s own: the chat's keeps its cached prefix
         self.thinking = getattr(loaded, "thinking", None)
         self._lock = threading.Lock()   # one generation at a time: drafters keep state
 
@@ -99,7 +104,9 @@ class ModelEngine:
         ids = self.encode([{"role": "user", "content": self.calibration_prompt}])
         ar = cfg.with_(strategy="ar", max_new_tokens=tokens, stop_at_eos=False, temperature=0.0)
         with self._lock:
-            blocks = list(self.loaded.engine.generate(ids, ar))
+            if self._ar_engine is None:
+                self._ar_engine = Engine(self.pair)
+            blocks = list(self._ar_engine.generate(ids, ar))
         stats = summarize(blocks)
         return stats.tokens_per_s or None
 
@@ -120,6 +127,7 @@ class ReplayEngine:
         self.label = "replay of " + (self.models.get("target") or "a trace") + (f" ← {draft}" if draft else "")
         self.delay = delay
         self.calibration_note = "the trace's ar run"
+        self.ar_dtype = None               # a trace does not record the target's dtype
         self.thinking = self.trace.header.get("thinking")
         self._next = 0
         self._lock = threading.Lock()
@@ -155,6 +163,12 @@ class ReplayEngine:
         """An `ar` generation recorded in the same trace gives the baseline; else unknown."""
         ar = [b for g in self.trace.generations if g.strategy == "ar" for b in g.blocks]
         return (summarize(ar).tokens_per_s or None) if ar else None
+
+
+def short_dtype(dtype) -> str:
+    """torch.float32 -> 'f32', torch.bfloat16 -> 'bf16', torch.float16 -> 'f16' (others: torch's name)."""
+    name = str(dtype).removeprefix("torch.")
+    return {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}.get(name, name)
 
 
 def _offline_tokenizer(name: str):

@@ -63,12 +63,14 @@ class TurnFinished(Message):
 
 
 class CalibrationDone(Message):
-    """The start-up AR calibration finished: AR tokens/s (None if unknown) or an error line."""
+    """An AR calibration finished: AR tokens/s (None if unknown) or an error line; `turn`: the turn it ran
+    right after (None: not after a turn)."""
 
-    def __init__(self, ar_tps: float | None, error: str | None = None) -> None:
+    def __init__(self, ar_tps: float | None, error: str | None = None, turn: int | None = None) -> None:
         super().__init__()
         self.ar_tps = ar_tps
         self.error = error
+        self.turn = turn
 
 
 class CompareProgress(Message):

@@ -91,6 +91,7 @@ class Turn:
     comparisons: list[Comparison] = field(default_factory=list)
     saved_stats: dict | None = None       # a resumed turn without its blocks: the stats it was saved with
     saved_answer: str | None = None       # ...and its answer text
+    ar_tps: float | None = None           # the AR reference measured right after this turn (its "vs AR")
 
     @property
     def token_ids(self) -> list[int]:

@@ -401,21 +401,22 @@ def fmt_rate(x: float) -> str:
 
 
 def stats_view(blocks: Sequence[Block], latest: Block | None, session: Sequence[Block], ar_tps: float | None,
-               ar_note: str = "", highlight: int | None = None, spark: Sequence[Block] | None = None) -> StatsView:
+               ar_note: str = "", highlight: int | None = None, spark: Sequence[Block] | None = None,
+               ar_dtype: str | None = None) -> StatsView:
     """`blocks`: the answer (or generation prefix) whose speed is shown; `session`: blocks for the
     running means; `spark`: blocks for the sparkline (default: `session`); `latest`: the block whose
-    tau is 'latest'."""
+    tau is 'latest'; `ar_dtype`: the dtype the AR reference ran in ('f32'), named in the speedup's label."""
     s = summarize(blocks) if blocks else None
     mean = summarize(session) if session else None
     speed = f"{s.tokens_per_s / ar_tps:.2f}x" if ar_tps and s and s.tokens_per_s else "-"
     items = [("tok/s", fmt_rate(s.tokens_per_s) if s else "-"),
              ("TPOT", f"{s.tpot_ms:.1f}ms" if s and s.new_tokens else "-"),
-             ("vs AR", speed),
+             (f"vs AR {ar_dtype}" if ar_dtype else "vs AR", speed),
              ("τ", (f"{len(latest.emitted)}" if latest else "-") + (f" avg {mean.tau:.2f}" if mean else "")),
              ("wins", f"{mean.repair_win_rate:.0%}" if mean else "-"),
              ("V", f"{mean.mean_tree_size:.1f}" if mean else "-"),
              ("prefill", prefill_text(blocks[0]) if blocks and blocks[0].index == 0 else "-")]
-    ar = f"AR {fmt_rate(ar_tps)} tok/s" if ar_tps else "AR baseline unknown"
+    ar = f"AR{' ' + ar_dtype if ar_dtype else ''} {fmt_rate(ar_tps)} tok/s" if ar_tps else "AR baseline unknown"
     ar_note = f"{ar} ({ar_note})" if ar_note else ar
     spark = session if spark is None else spark
     return StatsView(items=items, taus=[float(len(b.emitted)) for b in spark], highlight=highlight, note=ar_note)
