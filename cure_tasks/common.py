@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,12 +89,24 @@ def local_file(path: str | Path | None, what: str, how_to_get: str) -> Path:
     return p
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Records of a .jsonl or .jsonl.gz file; blank lines skipped."""
+def read_jsonl(path: Path, *, array_ok: bool = False) -> list[dict[str, Any]]:
+    """Records of a .jsonl or .jsonl.gz file; blank lines skipped. ``array_ok``: a file whose text opens
+    with ``[`` is one JSON array of objects instead (sanitized MBPP).
+
+    Every task reads its file through here, so a malformed file (bad JSON, nesting too deep for the
+    parser, not objects) is one DatasetError line, never a traceback."""
     opener = gzip.open if path.suffix == ".gz" else open
     out: list[dict[str, Any]] = []
     try:
         with opener(path, "rt", encoding="utf-8") as f:
+            if array_ok:
+                text = f.read()
+                if text.lstrip()[:1] == "[":
+                    records = json_value(text, f"{path}")
+                    if not all(isinstance(r, dict) for r in records):
+                        raise DatasetError(f"{path}: expected a JSON array of objects")
+                    return records
+                f = text.splitlines()
             for lineno, line in enumerate(f, 1):
                 if not line.strip():
                     continue
@@ -104,6 +117,16 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     except (OSError, EOFError, UnicodeDecodeError) as exc:
         raise DatasetError(f"cannot read {path}: {exc}") from None
     return out
+
+
+def json_value(text: str, where: str) -> Any:
+    """``json.loads(text)``, with a bad or too deeply nested text as DatasetError "<where>: ..."."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DatasetError(f"{where}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    except RecursionError:
+        raise DatasetError(f"{where}: not valid JSON (nested too deeply)") from None
 
 
 def field_of(record: dict[str, Any], name: str, where: str) -> Any:

@@ -12,7 +12,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from .common import DatasetError, IOCase, Problem, fenced_code, field_of, local_file, read_jsonl, take
+from .common import DatasetError, IOCase, Problem, fenced_code, field_of, json_value, local_file, read_jsonl, take
 
 NAME = "lcb-lite"
 RAW = False
@@ -91,10 +91,7 @@ def _json_field(rec: dict[str, Any], name: str, where: str) -> Any:
     value = field_of(rec, name, where)
     if not isinstance(value, str):
         return value  # already decoded by whoever wrote the file
-    try:
-        return json.loads(value)
-    except json.JSONDecodeError as exc:
-        raise DatasetError(f"{where}: {name!r} is not valid JSON ({exc.msg})") from None
+    return json_value(value, f"{where}: {name!r}")
 
 
 def _parse_cases(raw: Any, where: str) -> list[IOCase]:
@@ -133,6 +130,8 @@ def decode_private_tests(raw: Any, where: str = "private_test_cases") -> Any:
         return json.loads(raw)
     except json.JSONDecodeError:
         pass
+    except RecursionError:
+        raise DatasetError(f"{where}: private_test_cases is JSON nested too deeply") from None
     bad = f"{where}: private_test_cases is neither JSON nor base64(zlib(pickle(JSON)))"
     try:
         compressed = base64.b64decode(raw.encode("ascii"), validate=True)
@@ -148,20 +147,14 @@ def decode_private_tests(raw: Any, where: str = "private_test_cases") -> Any:
         raise DatasetError(f"{bad} ({type(exc).__name__}: {exc})") from None
     if not isinstance(payload, str):
         raise DatasetError(f"{bad} (the pickle holds {type(payload).__name__}, not str)")
-    try:
-        return json.loads(payload)
-    except json.JSONDecodeError as exc:
-        raise DatasetError(f"{bad} (decoded text is not JSON: {exc.msg})") from None
+    return json_value(payload, f"{bad} (decoded text)")
 
 
 def io_cases(problem: Problem, *, public_only: bool = False) -> list[IOCase]:
     """The test cases of an ``lcb-lite`` problem (public ones first)."""
     if problem.tests is None:
         return []
-    try:
-        cases = _parse_cases(json.loads(problem.tests), problem.task_id)
-    except json.JSONDecodeError:
-        raise DatasetError(f"{problem.task_id}: tests are not a JSON list of cases") from None
+    cases = _parse_cases(json_value(problem.tests, f"{problem.task_id}: tests"), problem.task_id)
     if public_only:
         return cases[: int(problem.meta.get("n_public", len(cases)))]
     return cases

@@ -7,10 +7,8 @@ description plus one test as a usage example); tests = imports + setup + all tes
 """
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
-from typing import Any
 
 from .common import (DatasetError, Problem, fenced_code, field_of, local_file, read_jsonl, run_tests, take,
                      truncate_at_stops)
@@ -26,7 +24,7 @@ STOPS = ("\nassert ", '\n"""', "\nif __name__", "\nprint(", "\n```")
 def load(path: str | Path | None = None, limit: int | None = None) -> list[Problem]:
     source = local_file(path, NAME, HINT)
     problems = []
-    for i, rec in enumerate(_read_records(source)):
+    for i, rec in enumerate(read_jsonl(source, array_ok=True)):
         where = f"{source} record {i}"
         description = rec.get("text", rec.get("prompt"))
         if not isinstance(description, str):
@@ -46,22 +44,6 @@ def load(path: str | Path | None = None, limit: int | None = None) -> list[Probl
             meta={"reference_code": code, "challenge_tests": list(rec.get("challenge_test_list", []))},
             dataset=NAME))
     return take(problems, limit)
-
-
-def _read_records(path: Path) -> list[dict[str, Any]]:
-    try:
-        head = path.read_text(encoding="utf-8").lstrip()[:1]
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DatasetError(f"cannot read {path}: {exc}") from None
-    if head != "[":
-        return read_jsonl(path)
-    try:  # sanitized MBPP: one JSON array
-        records = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise DatasetError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
-    if not all(isinstance(r, dict) for r in records):
-        raise DatasetError(f"{path}: expected a JSON array of objects")
-    return records
 
 
 _NOT_ENTRY_POINTS = frozenset(
