@@ -25,7 +25,9 @@ def _annotation(f) -> object:
     meta = f.metadata
     kind = meta["kind"] or _KINDS.get(str(f.type).split(" ")[0], str)
     optional = "None" in str(f.type)
-    option = typer.Option(*meta["flags"], help=meta["help"], metavar=meta["metavar"], show_default=True)
+    lo, hi = meta["bounds"] or (None, None)
+    option = typer.Option(*meta["flags"], help=meta["help"], metavar=meta["metavar"], show_default=True,
+                          min=lo, max=hi)
     return Annotated[Optional[kind] if optional else kind, option]
 
 

@@ -23,9 +23,11 @@ from .config import ConfigError, DecodeConfig, parse_auto_int
 CPU_DRAFT_VOCAB = 16384       # --draft-vocab auto on a CPU: causal drafters propose ids below this (+ the context's)
 
 
-def _opt(*flags: str, help: str, metavar: str | None = None, kind: type | None = None, default: Any = MISSING):
-    """A field with its CLI flags and help. `kind`: the value type on the command line (str for N|auto)."""
-    meta = {"flags": flags, "help": help, "metavar": metavar, "kind": kind}
+def _opt(*flags: str, help: str, metavar: str | None = None, kind: type | None = None, default: Any = MISSING,
+         bounds: tuple[int, int] | None = None):
+    """A field with its CLI flags and help. `kind`: the value type on the command line (str for N|auto);
+    `bounds`: the (lowest, highest) integer the command line takes."""
+    meta = {"flags": flags, "help": help, "metavar": metavar, "kind": kind, "bounds": bounds}
     return field(default=default, metadata=meta)
 
 
@@ -48,7 +50,8 @@ class EngineArgs:
     strategy: str = _opt("--strategy", "-s", default="cure", help="ar | sd | parallel | cure | ddtree")
     max_new_tokens: int = _opt("--max-new-tokens", "-n", default=256, help="Tokens to generate at most.")
     temperature: float = _opt("--temperature", default=0.0, help="0 = greedy (identical to ar); > 0 samples losslessly.")
-    seed: int = _opt("--seed", default=0, help="Sampling seed (temperature > 0).")
+    seed: int = _opt("--seed", default=0, bounds=(0, 2 ** 64 - 1),   # what torch.Generator.manual_seed takes
+                     help="Sampling seed (temperature > 0), 0 to 2**64-1.")
     k: int | None = _opt("--k", default=None, kind=int, help=(
         "Block size K: the root plus K-1 drafted tokens. Default: the drafter's trained block size, else 16."))
     tau_margin: float = _opt("--tau-margin", default=1.0, help="Paper tree: the UFP gate, a draft top1-top2 log-prob margin below this.")
