@@ -288,8 +288,8 @@ def check_engine(engine: str, p: Plan, args: EngineArgs) -> str | None:
     if engine == "vllm" and set(p.strategies) & set(BLOCK_STRATEGIES):
         choice = choose_models(args.target, args.draft, args.ar_draft, p.strategies)
         if choice.draft is not None:
-            from cure_core.models import _draft_folder_config
-            draft, _ = _draft_folder_config(choice.draft)
+            from cure_core.checkpoints import draft_folder_config
+            draft, _ = draft_folder_config(choice.draft)
     check(engine, temperature=args.temperature, device=args.device, device_map=args.device_map,
           strategies=p.strategies, draft_folder=draft)
     return draft

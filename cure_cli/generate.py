@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import closing
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from cure_core.options import EngineArgs
+from cure_core.prompt_text import check_text
 
 from .common import err_console, fail, friendly_errors, open_models, quiet_transformers, sigterm_as_interrupt
 from .options import engine_options, with_flags
@@ -55,60 +57,31 @@ def generate(
     *, args: EngineArgs,
 ) -> None:
     """Generate text with one decoding strategy; streams tokens as blocks are accepted."""
-    from cure_core.metrics import summarize              # torch / transformers load here, not at --help
-    from cure_core.trace import TraceWriter
     quiet_transformers()
     if prompt == "-":
         prompt = sys.stdin.read()
     if not prompt.strip():
         fail("the prompt is empty")
-    from cure_core.prompt_text import check_text
-    check_text(prompt)                                   # before anything loads: one line, not three
+    prompt = check_text(prompt)                          # before anything loads: one line, not three
     if trace is not None:
         check_trace_path(trace)
     loaded = open_models(args)
-    cfg = loaded.config
-    ids = loaded.encode(prompt)
     stream = TextStream(loaded.tokenizer)
     blocks = []
-    writer = TraceWriter(trace, models=loaded.pair.names, config=cfg.to_dict(),
-                         extra={"thinking": loaded.thinking}) if trace else None
-    try:
-        with sigterm_as_interrupt():                     # `kill` keeps what was generated, like Ctrl+C
-            if writer:
-                writer.begin(ids, prompt, cfg.strategy, cfg.to_dict())
-            for block in loaded.engine.generate(ids, cfg):
-                blocks.append(block)
-                if writer:
-                    writer.block(block)
-                delta = stream.push(block.emitted)
-                if not as_json and delta:
-                    sys.stdout.write(delta)
-                    sys.stdout.flush()
-            if writer:
-                writer.end()
-                writer.close()
-    except BaseException:
-        if writer:
-            writer.abort() if not blocks else writer.close("interrupted")
-        raise
-    stats = summarize(blocks)
+    with sigterm_as_interrupt(), closing(loaded.stream(prompt, trace=trace)) as generation:
+        for block in generation:                         # `kill` keeps what was generated, like Ctrl+C
+            blocks.append(block)
+            if not as_json and (delta := stream.push(block.emitted)):
+                sys.stdout.write(delta)
+                sys.stdout.flush()
+    out = loaded.generation(blocks)
     if as_json:
-        print(json.dumps({
-            "text": stream.tok.decode(stream.ids, skip_special_tokens=True),
-            "token_ids": stream.ids,
-            "strategy": cfg.strategy,
-            "stats": {"tau": stats.tau, "tpot_ms": stats.tpot_ms, "tokens_per_s": stats.tokens_per_s,
-                      "blocks": stats.blocks, "new_tokens": stats.new_tokens,
-                      "repair_win_rate": stats.repair_win_rate, "mean_tree_size": stats.mean_tree_size},
-            "kernels": loaded.kernels,
-            "draft_vocab": loaded.draft_vocab,
-            "draft_dtype": loaded.draft_dtype,
-        }))
+        print(json.dumps(out.to_dict()))
         return
+    stats = out.stats
     sys.stdout.write(stream.flush() + "\n")
     err_console.print(
-        f"[dim]{cfg.strategy}: {stats.new_tokens} tokens in {stats.blocks} blocks | tau {stats.tau:.2f} | "
+        f"[dim]{out.strategy}: {stats.new_tokens} tokens in {stats.blocks} blocks | tau {stats.tau:.2f} | "
         f"{stats.tokens_per_s:.1f} tok/s | TPOT {stats.tpot_ms:.1f} ms | repair wins {stats.repair_win_rate:.0%} | "
         f"mean tree {stats.mean_tree_size:.1f} | prefill {stats.prefill_ms:.0f} ms[/]", highlight=False)
     budget0 = [b for b in blocks if b.meta.get("v_max") == 0]

@@ -18,6 +18,7 @@ from .catalog import choose_models
 from .errors import ModelLoadError
 from .models import LoadedPair, load_pair
 from .options import EngineArgs
+from .thinking import choose_thinking, drafter_declaration, template_has_switch
 
 
 def load(**options) -> LoadedPair:
@@ -82,7 +83,6 @@ def open_pair(args: EngineArgs, strategies: Sequence[str] | None = None,
     loaded.config = args.decode_config(block_size).with_(strategy=strategy)
     loaded.chat = args.chat
     # Rule (cure_core/thinking.py): thinking follows the drafter's declaration, off for DFlash by default.
-    from .thinking import choose_thinking, drafter_declaration, template_has_switch
     declared = drafter_declaration(choice.draft) if loaded.pair.drafter is not None else None
     loaded.thinking, warnings = choose_thinking(args.thinking, loaded.drafter_kind, declared,
                                                 template_has_switch(loaded.tokenizer))

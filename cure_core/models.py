@@ -1,4 +1,4 @@
-"""The drafter factory: loading real Hugging Face models into a ModelPair, with clear errors for bad input.
+"""The drafter factory: checkpoints (loaded by checkpoints.py) into a ModelPair, with clear errors for bad input.
 
 `load_pair` (checkpoints by name) and `build_pair` (models already in memory: tests, benchmark
 scripts) are the only places drafters are built, the chain drafter a PARD checkpoint doubles as
@@ -7,43 +7,53 @@ what it learns across generations (cure_core/api.py's `load()` fills in the CLI'
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Iterator, Sequence
 
 import torch
 
 from .block import Block
+from .checkpoints import (DTYPES, check_tokenizers_match, config_kind, draft_folder_config, load_model,
+                          load_tokenizer, torch_dtype)
 from .config import DecodeConfig
 from .cpu_kernels import KERNELS, bf16_kernels, int8_kernels, pack_linears, resolve_kernels, unavailable_reason
-from .drafters.adapted import is_adapted_checkpoint, load_adapted
 from .drafters.causal import ArDrafter, PardDrafter
 from .drafters.dflash import DFlashModel, drafter_from_model, is_dflash_config, load_dflash_model
 from .drafters.vocab import lowest_ids
 from .engine import Engine, ModelPair
 from .errors import ModelLoadError
+from .metrics import GenerationStats, summarize
 from .progress import phase
 from .prompt_text import check_text
+from .thinking import template_has_switch
+from .trace import traced
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
-          "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 DRAFTER_KINDS = ("auto", "pard", "ar", "dflash")
-
-
-def torch_dtype(name: str, what: str = "dtype") -> torch.dtype:
-    """A dtype name (float32, fp16, bfloat16 ...) -> torch dtype; an unknown name is one clear error."""
-    if name not in DTYPES:
-        raise ModelLoadError(f"unknown {what} {name!r}; choose one of float32, float16, bfloat16")
-    return DTYPES[name]
 
 
 @dataclass
 class Generation:
-    """One finished generation: the text, its token ids, every Block, and the summary stats."""
+    """One finished generation: the text, its token ids, every Block, the summary stats and what ran it."""
     text: str
     token_ids: list[int]
     blocks: list[Block]
-    stats: object                 # cure_core.metrics.RunStats
+    stats: GenerationStats
+    strategy: str = ""            # the config's (stats.strategy is the blocks': "" when there are none)
+    kernels: str = "eager"        # the LoadedPair's kernels, draft_vocab and draft_dtype
+    draft_vocab: int = 0
+    draft_dtype: str = "float32"
+
+    # the stats `to_dict` gives (the rest, and every block: `stream(prompt, trace=FILE)`)
+    HEADLINE = ("tau", "tpot_ms", "tokens_per_s", "blocks", "new_tokens", "repair_win_rate", "mean_tree_size")
+
+    def to_dict(self) -> dict:
+        """One JSON object (`cure generate --json`): text, token ids, strategy, the headline stats, and the
+        kernels, draft vocabulary and draft dtype it ran with."""
+        stats = self.stats.to_dict()
+        return {"text": self.text, "token_ids": list(self.token_ids), "strategy": self.strategy,
+                "stats": {k: stats[k] for k in self.HEADLINE}, "kernels": self.kernels,
+                "draft_vocab": self.draft_vocab, "draft_dtype": self.draft_dtype}
 
 
 @dataclass
@@ -79,97 +89,31 @@ class LoadedPair:
         """The default config with some fields changed (e.g. strategy, max_new_tokens)."""
         return self.config.with_(**changes) if changes else self.config
 
-    def stream(self, prompt: str | Sequence[int], **changes) -> Iterator[Block]:
-        """Blocks of one generation as they are accepted; `prompt` is text (encoded) or token ids."""
+    def stream(self, prompt: str | Sequence[int], *, trace: str | os.PathLike | None = None,
+               **changes) -> Iterator[Block]:
+        """Blocks of one generation as they are accepted; `prompt` is text (encoded now) or token ids.
+        `trace`: a file the generation is written to, block by block (trace.traced: an interrupted one keeps
+        what finished); its header records the models, the config and the thinking mode."""
         ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        return self.engine.generate(ids, self.config_for(**changes))
+        config = self.config_for(**changes)
+        blocks = self.engine.generate(ids, config)
+        if trace is None:
+            return blocks
+        return traced(blocks, trace, models=self.pair.names, config=config.to_dict(), strategy=config.strategy,
+                      prompt_ids=ids, prompt=prompt if isinstance(prompt, str) else None,
+                      extra={"thinking": self.thinking})
 
-    def generate(self, prompt: str | Sequence[int], **changes) -> Generation:
-        from .metrics import summarize
-        blocks = list(self.stream(prompt, **changes))
+    def generation(self, blocks: Sequence[Block], config: DecodeConfig | None = None) -> Generation:
+        """The Generation of `blocks` (a whole `stream`), run with `config` (default: the pair's)."""
         ids = [t for b in blocks for t in b.emitted]
         return Generation(text=self.tokenizer.decode(ids, skip_special_tokens=True), token_ids=ids,
-                          blocks=blocks, stats=summarize(blocks))
+                          blocks=list(blocks), stats=summarize(blocks), strategy=(config or self.config).strategy,
+                          kernels=self.kernels, draft_vocab=self.draft_vocab, draft_dtype=self.draft_dtype)
 
-
-def resolve(name: str) -> str:
-    """An embedded alias (see `cure models`) becomes its cached local folder; anything else is kept."""
-    from .embedded import EmbeddedModelError, resolve_model_path
-    try:
-        return str(resolve_model_path(name))
-    except EmbeddedModelError as e:
-        raise ModelLoadError(str(e)) from None
-
-
-def load_model(name: str, device: str = "cpu", dtype: str = "float32", device_map: str | None = None):
-    from transformers import AutoConfig, AutoModelForCausalLM
-    path = resolve(name)
-    if is_adapted_checkpoint(path):                  # a trained delta over a base model (drafters/adapted.py)
-        ad = load_adapted(path, device, dtype)
-        return ad.model.eval(), ad.base_path
-    torch_type = torch_dtype(dtype)
-    looks_like_path = path.startswith((".", "/", "~")) or path.count("/") > 1
-    if not Path(path).exists() and looks_like_path:
-        raise ModelLoadError(f"model folder not found: {path}")
-    try:
-        AutoConfig.from_pretrained(path, local_files_only=True)
-    except Exception:  # noqa: BLE001 - transformers raises several kinds here
-        raise ModelLoadError(
-            f"unknown model {name!r}: not a local folder, not an embedded alias (see `cure models`), and not in "
-            f"the local Hugging Face cache (this machine loads offline)") from None
-    kwargs = dict(dtype=torch_type, local_files_only=True)
-    if device_map:
-        kwargs["device_map"] = device_map          # accelerate spreads a large target over devices
-    with phase(f"loading {name} ({dtype}, {device_map or device})"):
-        try:
-            model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-        except Exception as e:  # noqa: BLE001
-            raise ModelLoadError(f"could not load {name!r}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
-        if not device_map:
-            try:
-                model = model.to(device)
-            except (RuntimeError, AssertionError) as e:
-                raise ModelLoadError(f"cannot move {name!r} to device {device!r}: {str(e).splitlines()[0]}") from None
-    return model.eval(), path
-
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-
-
-def load_tokenizer(path: str, required: bool = True):
-    """The checkpoint's tokenizer; with required=False, None when a local folder ships none."""
-    from transformers import AutoTokenizer
-    if not required and Path(path).is_dir() and not any((Path(path) / f).exists() for f in TOKENIZER_FILES):
-        return None
-    try:
-        return AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except Exception as e:  # noqa: BLE001
-        if required:
-            raise ModelLoadError(f"no usable tokenizer in {path}: {str(e).splitlines()[0]}") from None
-        return None
-
-
-def check_tokenizers_match(target_tok, draft_tok, draft_name: str) -> None:
-    """Draft token ids must mean the same text as the target's (a shared tokenizer)."""
-    if draft_tok is None:
-        return
-    tv, dv = target_tok.get_vocab(), draft_tok.get_vocab()
-    diff = [t for t, i in dv.items() if tv.get(t) != i]
-    if diff:
-        ex = diff[0]
-        raise ModelLoadError(
-            f"tokenizer mismatch: {draft_name!r} maps {len(diff)} tokens differently from the target "
-            f"(e.g. {ex!r} -> {dv[ex]} vs {tv.get(ex)}); the draft must share the target's tokenizer")
-
-
-def config_kind(cfg) -> str:
-    """dflash | pard | ar from a checkpoint's config (a transformers config or its raw JSON dict): a
-    DFlash one declares a DFlash architecture; a PARD one names its mask token (pard_token); anything
-    else drafts autoregressively. The rule `--drafter auto` and `cure export-vllm` apply."""
-    if is_dflash_config(cfg):
-        return "dflash"
-    pard = cfg.get("pard_token") if isinstance(cfg, dict) else getattr(cfg, "pard_token", None)
-    return "pard" if pard is not None else "ar"
+    def generate(self, prompt: str | Sequence[int], *, trace: str | os.PathLike | None = None,
+                 **changes) -> Generation:
+        """One whole generation (`stream`, collected)."""
+        return self.generation(list(self.stream(prompt, trace=trace, **changes)), self.config_for(**changes))
 
 
 def detect_drafter(model, kind: str, mask_token_id: int | None) -> tuple[str, int | None]:
@@ -188,24 +132,6 @@ def detect_drafter(model, kind: str, mask_token_id: int | None) -> tuple[str, in
         raise ModelLoadError("`drafter` dflash needs a DFlash checkpoint (a config with a DFlash architecture "
                              "or a dflash_config section)")
     return kind, mask_token_id
-
-
-def _draft_folder_config(name: str) -> tuple[str, dict | None]:
-    """(local folder, parsed config.json) of a draft checkpoint, or (resolved name, None) when it cannot
-    be read here (load_model then reports why)."""
-    import json
-    path = resolve(name)
-    folder = Path(path).expanduser()
-    if not folder.is_dir():
-        try:
-            from huggingface_hub import snapshot_download
-            folder = Path(snapshot_download(path, local_files_only=True))
-        except Exception:  # noqa: BLE001 - not in the local cache: load_model gives the clear error
-            return path, None
-    try:
-        return str(folder), json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError):
-        return path, None
 
 
 def load_pair(target: str, draft: str | None = None, *, drafter: str = "auto", mask_token_id: int | None = None,
@@ -251,7 +177,7 @@ def load_pair(target: str, draft: str | None = None, *, drafter: str = "auto", m
     names = {"target": target}
     draft_device = device if not device_map else str(next(tmodel.parameters()).device)
     dmodel, dflash_vocab, amodel = None, None, None
-    dfolder, dcfg = _draft_folder_config(draft) if draft else (None, None)
+    dfolder, dcfg = draft_folder_config(draft) if draft else (None, None)
     if draft and dcfg is not None and is_dflash_config(dcfg):
         # A DFlash checkpoint is not a causal LM: its own layers, the target's embedding and lm_head.
         if drafter not in ("auto", "dflash"):
@@ -392,11 +318,10 @@ def encode_prompt(tokenizer, text: str, chat: bool, history: list[dict] | None =
                   thinking: bool | None = None) -> list[int]:
     """Chat template (with the generation prompt) or raw text -> token ids. `thinking` (True / False) goes
     to the template as `enable_thinking` where it has that switch; None keeps the template's default."""
-    check_text(text)                # one clear error for bytes that are not UTF-8 (prompt_text.py)
+    text = check_text(text)         # one clear error for bytes that are not UTF-8; a CheckedText passes as is
     if chat:
         if not getattr(tokenizer, "chat_template", None):
             raise ModelLoadError("this tokenizer has no chat template; send raw text (`chat`=False)")
-        from .thinking import template_has_switch
         messages = list(history or []) + [{"role": "user", "content": text}]
         extra = {"enable_thinking": thinking} if thinking is not None and template_has_switch(tokenizer) else {}
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **extra)

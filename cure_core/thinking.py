@@ -17,6 +17,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from .checkpoints import draft_folder_config
+
 CONFIG_KEYS = ("enable_thinking", "thinking")     # looked up in dflash_config first, then at the top level
 CARD_FILES = ("README.md", "MODEL_CARD.md")
 _CARD_SWITCH = re.compile(r"enable_thinking\W{0,3}\s*[=:]\s*[\"']?(true|false)\b", re.IGNORECASE)
@@ -106,7 +108,6 @@ def drafter_declaration(draft: str | None) -> Declared | None:
     """The declaration of a draft checkpoint given by name (alias, folder, HF id in the local cache)."""
     if not draft:
         return None
-    from .models import _draft_folder_config
-    folder, config = _draft_folder_config(draft)
+    folder, config = draft_folder_config(draft)
     return declared_thinking(folder if config is not None else None, config)
 

@@ -19,7 +19,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from . import records
 from .block import Block
@@ -127,6 +127,33 @@ class TraceWriter:
             self.close("interrupted")      # keep what finished
         else:
             self.abort()
+
+
+def traced(blocks: Iterator[Block], path: str | os.PathLike, *, models: dict, config: dict, strategy: str,
+           prompt_ids: Sequence[int], prompt: str | None, extra: dict | None = None) -> Iterator[Block]:
+    """`blocks` (one generation) passed through, each written to a one-generation trace at `path` as it comes.
+
+    Rules: the file appears under its name complete; a generation stopped early (an exception,
+    KeyboardInterrupt, or the caller closing the iterator) keeps the blocks it finished as an "interrupted"
+    trace, and one stopped before its first block leaves no file. Nothing is written before the first
+    block is asked for."""
+    writer = TraceWriter(path, models=models, config=config, extra=extra)
+    written = 0
+    try:
+        writer.begin(prompt_ids, prompt, strategy, config)
+        for block in blocks:
+            writer.block(block)
+            written += 1
+            yield block
+        writer.end()
+        writer.close()
+    except BaseException:
+        writer.abort() if not written else writer.close("interrupted")
+        raise
+    finally:
+        close = getattr(blocks, "close", None)
+        if close is not None:
+            close()                    # the engine's generator ends here too, not whenever it is collected
 
 
 def read_trace(path: str | os.PathLike) -> Trace:

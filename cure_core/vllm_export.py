@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from .checkpoints import config_kind, load_model, load_tokenizer, resolve
 from .drafters.adapted import is_adapted_checkpoint
 from .drafters.dflash import (DEFAULT_BLOCK_SIZE, DFlashModel, _cfg_get, _check_config, _load_state_dict,
                               default_target_layer_ids, read_config)
@@ -83,7 +84,6 @@ class ExportResult:
 
 def drafter_kind(folder: Path) -> str:
     """dflash | pard | pard-adapted | ar, from the checkpoint's config (the same rules as loading)."""
-    from .models import config_kind
     if is_adapted_checkpoint(folder):
         return "pard-adapted"
     return config_kind(read_config(folder))
@@ -106,7 +106,6 @@ def refusal(kind: str) -> str:
 
 
 def _resolve_folder(drafter: str) -> Path:
-    from .models import resolve
     try:
         path = Path(resolve(drafter)).expanduser()
     except ModelLoadError as e:
@@ -218,7 +217,6 @@ def add_draft_head(cfg: dict, state: dict[str, torch.Tensor], result: ExportResu
     """Give the exported drafter its own head: the target's output rows for the ids our drafter may propose
     (the checkpoint's draft_vocab, else every tokenizer id), never the mask, with vLLM's d2t offsets."""
     from .drafters.vocab import DraftVocab
-    from .models import load_model, load_tokenizer
     try:
         model, path = load_model(target)
     except ModelLoadError as e:

@@ -39,6 +39,30 @@ def test_load_decodes_like_cure_generate(tiny_dirs):
     blocks = list(model.stream("def f(x):", max_new_tokens=24))
     assert all(isinstance(b, Block) for b in blocks)
     assert [t for b in blocks for t in b.emitted] == out.token_ids
+    mine = out.to_dict()                                    # --json's object is Generation.to_dict()
+    assert set(mine) == set(cli) and set(mine["stats"]) == set(cli["stats"])
+    assert {k: v for k, v in mine.items() if k != "stats"} == {k: v for k, v in cli.items() if k != "stats"}
+    assert mine["stats"]["new_tokens"] == cli["stats"]["new_tokens"] == 24    # tau: the tuner's timing-led budgets
+
+
+def test_stream_writes_the_trace_and_keeps_what_finished_when_stopped(tiny_dirs, tmp_path):
+    """`LoadedPair.stream(prompt, trace=FILE)`: the whole generation as a complete trace; closed after two
+    blocks, an interrupted trace of those two; closed before its first block, no file and no .part."""
+    from cure_core.trace import read_trace
+    t, d = tiny_dirs
+    model = load(target=str(t), draft=str(d), strategy="cure")
+    whole = model.generate("def f(x):", max_new_tokens=24, trace=tmp_path / "whole.jsonl")
+    got = read_trace(tmp_path / "whole.jsonl")
+    assert got.footer["status"] == "complete" and got.generations[0].token_ids == whole.token_ids
+    assert got.generations[0].prompt == "def f(x):" and got.generations[0].strategy == "cure"
+    assert got.header["models"] == model.pair.names and "thinking" in got.header
+    stream = model.stream("def f(x):", max_new_tokens=24, trace=tmp_path / "cut.jsonl")
+    first = [next(stream), next(stream)]
+    stream.close()
+    cut = read_trace(tmp_path / "cut.jsonl")
+    assert cut.footer["status"] == "interrupted" and cut.generations[0].blocks == first
+    model.stream("def f(x):", trace=tmp_path / "never.jsonl").close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cut.jsonl", "whole.jsonl"]
 
 
 def test_load_refuses_unknown_options_with_the_field_names():
@@ -55,13 +79,13 @@ def test_a_strategy_without_its_drafter_falls_back_to_ar_with_a_note(tiny_dirs):
 
 
 def test_cure_repairs_the_chain_draft_where_the_defaults_say_so(tiny_dirs, monkeypatch):
-    """defaults.CURE_OVER_CHAIN (the 1.5B pair's rule) on a tiny folder: cure alone loads the chain draft only,
+    """catalog.CURE_OVER_CHAIN (the 1.5B pair's rule) on a tiny folder: cure alone loads the chain draft only,
     at the rule's K, says so in a note, drafts with the chain and decodes exactly as ar; with every strategy,
     parallel and ddtree draft blocks while cure and sd draft chains."""
-    from cure_core import defaults
+    from cure_core import catalog
     t, d = tiny_dirs
-    monkeypatch.setitem(defaults.AR_DRAFT_FOR, str(t), str(d))
-    monkeypatch.setitem(defaults.CURE_OVER_CHAIN, str(t), 4)
+    monkeypatch.setitem(catalog.AR_DRAFT_FOR, str(t), str(d))
+    monkeypatch.setitem(catalog.CURE_OVER_CHAIN, str(t), 4)
     ar = load(target=str(t), strategy="ar").generate("def f(x):", max_new_tokens=20)
     model = load(target=str(t), strategy="cure")
     assert model.pair.drafter is None and model.pair.ar_drafter is not None and model.config.k == 4

@@ -82,6 +82,25 @@ def test_a_prompt_that_is_not_utf8_is_one_clear_line(tiny_dirs, chat):
     assert "Traceback" not in r.output and len(r.stderr.strip().splitlines()) == 1
 
 
+def test_the_prompt_text_is_checked_once(tiny_dirs, monkeypatch):
+    """`cure generate` checks the text before loading; the CheckedText it gets back is not checked again
+    when the prompt is encoded (prompt_text.check_text makes one per check)."""
+    from cure_core import prompt_text
+    made = []
+
+    class Counted(prompt_text.CheckedText):
+        def __new__(cls, text):
+            made.append(text)
+            return super().__new__(cls, text)
+    monkeypatch.setattr(prompt_text, "CheckedText", Counted)
+    t, d = tiny_dirs
+    for chat in ("--raw", "--chat"):
+        made.clear()
+        r = gen("hello", "--target", t, "--draft", d, chat, "-n", 4)
+        assert r.exit_code == 0, r.output
+        assert made == ["hello"]
+
+
 def test_empty_and_too_long_prompt(tiny_dirs):
     t, d = tiny_dirs
     r = gen("   ", "--target", t, "--draft", d)

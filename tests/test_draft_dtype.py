@@ -193,7 +193,7 @@ def test_an_adapted_drafter_merges_in_float32_then_casts_once(tmp_path):
     bfloat16 weights, which would round twice); the drafter still equals ar."""
     from safetensors.torch import save_file
 
-    from cure_core.drafters.adapted import load_adapted
+    from cure_core.checkpoints import load_adapted
     t, base = save_tiny_pair(tmp_path)
     lin = "model.layers.0.mlp.up_proj"
     w = dict(load_pair(str(t), str(base), kernels="eager").pair.drafter.model.named_modules())[lin].weight.detach()

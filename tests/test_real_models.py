@@ -7,11 +7,12 @@ acceptance is high but not total and repair branches get exercised.
 import pytest
 import torch
 
+from cure_core.catalog import DEFAULT_TARGET
+from cure_core.checkpoints import load_model, load_tokenizer
 from cure_core.config import DecodeConfig
 from cure_core.drafters.causal import ArDrafter
-from cure_core.embedded import DEFAULT_TARGET, model_status
+from cure_core.embedded import model_status
 from cure_core.engine import ModelPair, generate_ids
-from cure_core.models import load_model, load_tokenizer
 from cure_core.tiny import perturbed_copy
 
 pytestmark = pytest.mark.real_models

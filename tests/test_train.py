@@ -177,7 +177,7 @@ def test_corpus_helpers(tmp_path):
 
 
 def test_self_distill_corpus_is_the_targets_own_continuations(setup, tmp_path, monkeypatch):
-    from cure_core.models import load_model, load_tokenizer
+    from cure_core.checkpoints import load_model, load_tokenizer
     from cure_core.training.prepare import build_docs
     # A few stdlib files stand in for the whole library (parsing all of it takes seconds).
     few = [C.Doc(str(p), p.read_text()) for p in C.stdlib_files() if p.name in ("textwrap.py", "shlex.py", "fnmatch.py")]

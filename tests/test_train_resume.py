@@ -11,9 +11,10 @@ import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
+from cure_core.checkpoints import load_model, load_tokenizer
 from cure_core.config import DecodeConfig
 from cure_core.engine import generate_ids
-from cure_core.models import load_model, load_pair, load_tokenizer
+from cure_core.models import load_pair
 from cure_core.tiny import MASK_ID, byte_tokenizer, perturbed_copy, tiny_target
 from cure_core.training import corpus as C
 from cure_core.training import distill as Dist
@@ -83,14 +84,14 @@ def test_distill_corpus_resumes_batch_by_batch(models, few_stdlib, tmp_path):
 
     with pytest.raises(KeyboardInterrupt):
         Dist.distill(model, tok, specs, 12, part, meta, batch=4, progress=stop_after_first_batch)
-    assert len(Dist.read_corpus(part)[1]) == 4                  # one whole batch saved, as text
+    assert len(C.read_corpus(part)[1]) == 4                     # one whole batch saved, as text
     seen = []
     resumed = Dist.distill(model, tok, specs, 12, part, meta, batch=4, progress=seen.append)
     assert seen[0] == 4 and sum(seen) == 10                     # the saved batch counts, then the rest
     assert [d.text for d in resumed] == [d.text for d in whole]
     assert part.read_text() == (tmp_path / "whole.jsonl").read_text()
     # Chat prompts keep their template's special tokens, so the text tokenizes back to the decode-time ids.
-    chat = [r for r in Dist.read_corpus(part)[1] if r["kind"] != "code-raw"]
+    chat = [r for r in C.read_corpus(part)[1] if r["kind"] != "code-raw"]
     assert chat and all(r["text"].startswith("<|im_start|>") for r in chat)
     assert C.file_docs([part]) == resumed                       # --corpus FILE.jsonl reads the same documents
     with pytest.raises(Dist.CorpusMismatch, match="new_tokens"):

@@ -201,8 +201,8 @@ class BenchInputs:
 
 def local_folder(name: str) -> str:
     """A model name as vLLM must see it here (offline): its local folder."""
-    from cure_core.models import _draft_folder_config
-    folder, cfg = _draft_folder_config(name)
+    from cure_core.checkpoints import draft_folder_config
+    folder, cfg = draft_folder_config(name)
     if cfg is None:
         raise VllmError(f"--engine vllm: {name!r} is not a local folder vLLM can load (no readable config.json)")
     return folder

@@ -7,8 +7,8 @@ Layout (written by `cure train-drafter --kind pard --pard-init adapt`):
                          and mask_embedding [H] (the mask token's trained input embedding)
 
 `cure_adapter` names the base (an embedded alias such as qwen-coder-0.5b, or a folder), the drafter
-kind (pard), the mask token, the LoRA rank and alpha and the trained block size. Loading reads the
-base from its usual place (the embedded models' cache: never a second copy on disk), adds
+kind (pard), the mask token, the LoRA rank and alpha and the trained block size. Loading
+(checkpoints.load_adapted: `read_adapter`, the base, `apply_adapter`) reads the base from its usual place (the embedded models' cache: never a second copy on disk), adds
 alpha/rank * B @ A to every adapted weight, writes the mask embedding into the mask token's row and
 returns a plain causal LM: it drafts as fast as the base, and its kernels pack like any model's.
 """
@@ -80,12 +80,11 @@ def merge_lora(model: torch.nn.Module, tensors: dict[str, torch.Tensor], scale: 
     return len(names)
 
 
-def load_adapted(folder: str | Path, device: str = "cpu", dtype: str = "float32") -> AdaptedDrafter:
-    """Base model + trained delta -> the ready drafter model and its mask token."""
+def read_adapter(folder: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(its `cure_adapter` section, the delta's tensors) of an adapted checkpoint, read and checked before
+    the base loads (checkpoints.load_adapted loads the base, then `apply_adapter`)."""
     from safetensors.torch import load_file
 
-    from ..models import load_model, torch_dtype
-    wanted = torch_dtype(dtype)                     # checked before anything loads
     folder = Path(folder)
     ad = adapter_config(folder)
     if is_adapted_checkpoint(str(ad["base"])):
@@ -94,9 +93,13 @@ def load_adapted(folder: str | Path, device: str = "cpu", dtype: str = "float32"
         tensors = load_file(str(folder / ADAPTER_FILE))
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"cannot read {folder / ADAPTER_FILE}: {e}") from None
-    # Rule: the delta is merged into float32 weights, then cast once: merged in bfloat16 it would be rounded
-    # twice (the base's weight, then the sum), and a LoRA delta is small against the weight it changes.
-    model, base_path = load_model(str(ad["base"]), device, "float32")
+    return ad, tensors
+
+
+def apply_adapter(model: torch.nn.Module, base_path: str, folder: str | Path, ad: dict,
+                  tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> AdaptedDrafter:
+    """The delta merged into `model` (the base, loaded in float32), the mask token's embedding written, then
+    cast once to `dtype`: the drafter `read_adapter` describes."""
     merge_lora(model, tensors, float(ad["alpha"]) / int(ad["rank"]))
     mask = int(ad["mask_token_id"])
     emb = model.get_input_embeddings().weight
@@ -106,8 +109,8 @@ def load_adapted(folder: str | Path, device: str = "cpu", dtype: str = "float32"
         with torch.no_grad():
             # A tied head row changes too: the mask is never proposed, so that row is never used.
             emb[mask] = tensors["mask_embedding"].to(emb.dtype)
-    if wanted != torch.float32:
-        model = model.to(wanted)
+    if dtype != torch.float32:
+        model = model.to(dtype)
     model.config.pard_token = mask          # --drafter auto: a causal LM naming its mask token is PARD
     block = ad.get("block_size")
     model.config.pard_block_size = int(block) if block else None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import json
 import random
 import sysconfig
 from dataclasses import dataclass
@@ -51,12 +52,11 @@ def stdlib_docs() -> list[Doc]:
 
 
 def file_docs(paths: Sequence[str | Path]) -> list[Doc]:
-    """Text files, or every file under a folder (sorted); a self-distilled corpus `.jsonl` (distill.py)
-    gives its documents."""
+    """Text files, or every file under a folder (sorted); a self-distilled corpus `.jsonl` (written by
+    distill.py) gives its documents."""
     docs = []
     for p in map(Path, paths):
         if p.is_file() and p.suffix == ".jsonl":
-            from .distill import corpus_docs
             docs.extend(corpus_docs(p))
             continue
         if p.is_dir():
@@ -67,6 +67,26 @@ def file_docs(paths: Sequence[str | Path]) -> list[Doc]:
             raise FileNotFoundError(f"corpus file not found: {p}")
         docs.extend(Doc(str(f), _read(f)) for f in files)
     return [d for d in docs if d.text.strip()]
+
+
+def read_corpus(path: str | Path) -> tuple[dict | None, list[dict]]:
+    """(meta or None, records in file order) of a corpus jsonl."""
+    meta, recs = None, []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        rec = json.loads(line)
+        if "meta" in rec:
+            meta = rec["meta"]
+        else:
+            recs.append(rec)
+    return meta, recs
+
+
+def corpus_docs(path: str | Path) -> list[Doc]:
+    """The documents of a corpus jsonl (name = its index), in prompt order."""
+    _, recs = read_corpus(path)
+    return [Doc(f"{Path(path).name}/{r.get('i', k)}", r["text"]) for k, r in enumerate(recs) if r.get("text")]
 
 
 def signature_prompts(docs: Sequence[Doc], limit: int, seed: int = 0) -> list[str]:

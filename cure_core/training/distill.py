@@ -16,8 +16,8 @@ import json
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .corpus import Doc
 from ..files import atomic_write_text
+from .corpus import Doc, corpus_docs, read_corpus
 from .prompt_mix import PromptSpec
 
 
@@ -68,26 +68,6 @@ def generate_batch(model, tokenizer, prompts: Sequence[list[int]], new_tokens: i
         cut = next((k + 1 for k, t in enumerate(cont) if t in eos), len(cont))   # keep the first end token only
         texts.append(tokenizer.decode(list(x) + cont[:cut], skip_special_tokens=False))
     return texts
-
-
-def read_corpus(path: str | Path) -> tuple[dict | None, list[dict]]:
-    """(meta or None, records in file order) of a corpus jsonl."""
-    meta, recs = None, []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            continue
-        rec = json.loads(line)
-        if "meta" in rec:
-            meta = rec["meta"]
-        else:
-            recs.append(rec)
-    return meta, recs
-
-
-def corpus_docs(path: str | Path) -> list[Doc]:
-    """The documents of a corpus jsonl (name = its index), in prompt order."""
-    _, recs = read_corpus(path)
-    return [Doc(f"{Path(path).name}/{r.get('i', k)}", r["text"]) for k, r in enumerate(recs) if r.get("text")]
 
 
 def distill(model, tokenizer, specs: Sequence[PromptSpec], new_tokens: int, path: str | Path | None, meta: dict,

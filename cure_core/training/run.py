@@ -11,6 +11,7 @@ from typing import Callable
 import torch
 
 from ..catalog import TauRow
+from ..checkpoints import check_tokenizers_match, load_model, load_tokenizer
 from ..cpu_kernels import pack_linears, unavailable_reason
 from ..errors import CureError
 from .cards import EVAL_SOURCE, write_cards
@@ -146,7 +147,6 @@ def run(opts: RunOptions, progress_factory: Callable, log: Callable = print) -> 
             raise TrainError("--dflash-init starts a dflash drafter; --kind pard takes --pard-init")
         if not (Path(opts.dflash_init) / "config.json").is_file():
             raise TrainError(f"--dflash-init {opts.dflash_init}: no config.json there (a DFlash drafter folder)")
-    from ..models import load_model, load_tokenizer
     torch.manual_seed(spec.seed)
     out = Path(opts.out)
     t_start = time.monotonic()
@@ -224,7 +224,6 @@ def run(opts: RunOptions, progress_factory: Callable, log: Callable = print) -> 
             from .adapt_train import attach
             # The target only labelled the corpus: free it before the base loads (RAM is tight).
             target = None
-            from ..models import check_tokenizers_match
             model, bpath = load_model(opts.pard_base, opts.device, "float32")   # `model` is the only reference
             check_tokenizers_match(tok, load_tokenizer(bpath, required=False), opts.pard_base)
             if int(model.get_input_embeddings().weight.shape[0]) <= mask_id:
