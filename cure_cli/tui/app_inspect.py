@@ -21,6 +21,9 @@ from .widgets import (side_panels, TREE_LEGEND, TREE_LEGEND_SHORT, AnswerText, H
                       StatsPanel, binding_rows, origin_legend, stats_view, tree_legend)
 
 LEGEND_MARKUP = "[green]branch 0[/] [b magenta u]repair[/] [i cyan]bonus[/] [reverse]current[/]"
+# The text panel draws the last this many characters up to the current block (a trace's answer can be of any
+# length; drawing it all on every key would stall the keys).
+TEXT_MAX_CHARS = 20_000
 
 
 class InspectApp(App):
@@ -127,7 +130,7 @@ class InspectApp(App):
         elif gen.prompt_ids:
             text.append(self.tokens.display(gen.prompt_ids[-64:]) + "\n", Style(dim=True, italic=True))
         text.append("─" * 8 + "\n", Style(dim=True))
-        text.append_text(self.answers[g].render(highlight=index, upto=index))
+        text.append_text(self.answers[g].render(highlight=index, upto=index, last=TEXT_MAX_CHARS))
         self.query_one("#text", Static).update(text)
         scroll = self.query_one("#text-scroll", VerticalScroll)
         self.call_after_refresh(scroll.scroll_end, animate=False)

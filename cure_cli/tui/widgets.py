@@ -87,13 +87,25 @@ class AnswerText:
             key = self.pieces[-1][2] if self.pieces else -1
             self.pieces.append((rest, "bonus", key))
 
-    def render(self, highlight: int | None = None, upto: int | None = None) -> Text:
-        """The answer; the block `highlight` reversed; only blocks up to `upto` when given."""
+    def render(self, highlight: int | None = None, upto: int | None = None, last: int | None = None) -> Text:
+        """The answer; the block `highlight` reversed; only blocks up to `upto` when given; only about its
+        `last` characters when given (a line says how many earlier ones are not drawn)."""
         text = Text()
         links: dict[int, Style] = {}
-        for piece, origin, key in self.pieces:
-            if upto is not None and key > upto:
-                break
+        end = len(self.pieces)
+        if upto is not None:
+            end = next((i for i, (_, _, key) in enumerate(self.pieces) if key > upto), end)
+        start, kept = end, 0
+        if last is None:
+            start = 0
+        else:
+            while start > 0 and kept + len(self.pieces[start - 1][0]) <= last:
+                start -= 1
+                kept += len(self.pieces[start][0])
+            if start > 0:
+                skipped = sum(len(piece) for piece, _, _ in self.pieces[:start])
+                text.append(f"… {skipped} earlier characters not drawn\n", Style(dim=True))
+        for piece, origin, key in self.pieces[start:end]:
             style = ORIGIN_STYLES[origin]
             if highlight is not None and key == highlight:
                 style = style + CURRENT_BLOCK
@@ -143,6 +155,13 @@ def branch_name(b: int) -> str:
 
 
 REASON_WIDTH = 40          # columns a no-draft reason wraps at in the tree panel
+# What one tree panel draws at most (a trace may hold a block of any size): depth rows, branch columns,
+# tokens of the collapsed accepted prefix, UFP lines. Past these a line says how much is not drawn, so a
+# huge block renders in bounded time and the keys stay live.
+TREE_MAX_ROWS = 200
+TREE_MAX_BRANCHES = 24
+TREE_MAX_PREFIX = 48
+TREE_MAX_UFPS = 8
 
 
 def render_tree(block: Block | None, tokens: TokenText, cell: int = 8) -> Text:
@@ -176,8 +195,12 @@ def render_tree(block: Block | None, tokens: TokenText, cell: int = 8) -> Text:
     else:
         t.append(" · none accepted", Style(color="red"))
     ufp_depths = {}
-    for u in block.ufps:
+    for n_ufp, u in enumerate(block.ufps):
         ufp_depths[u.position + 1] = u
+        if n_ufp == TREE_MAX_UFPS:
+            t.append(f"\n◆ … {len(block.ufps) - TREE_MAX_UFPS} more UFPs", Style(color="yellow", dim=True))
+        if n_ufp >= TREE_MAX_UFPS:
+            continue
         t.append("\n◆ ", Style(color="yellow", bold=True))
         t.append(f"UFP d{u.position + 1} m={u.margin:.2f} b={u.budget}", Style(color="yellow"))
         if u.alternatives:
@@ -188,14 +211,15 @@ def render_tree(block: Block | None, tokens: TokenText, cell: int = 8) -> Text:
         t.append(f"\nre-draft pass skipped: {at} it has not paid for its time", Style(dim=True))
 
     states = node_states(block)
-    branches = sorted({n.branch for n in block.nodes})
-    cols: dict[int, dict[int, list[int]]] = {b: {} for b in branches}
+    all_branches = sorted({n.branch for n in block.nodes})
+    cols: dict[int, dict[int, list[int]]] = {b: {} for b in all_branches}
     for i, n in enumerate(block.nodes):
         cols[n.branch].setdefault(n.depth, []).append(i)
+    # Rule: past TREE_MAX_BRANCHES columns, branch 0 and the winner are drawn first, then the lowest.
+    first = [b for b in (0, winner) if b in cols]
+    branches = sorted({*first, *[b for b in all_branches if b not in first][:TREE_MAX_BRANCHES - len(first)]})
     fork = {b: min(cols[b]) for b in branches}
     max_depth = max(n.depth for n in block.nodes)
-    width = min(cell, max((len(lab(n.token)) for n in block.nodes), default=1)) + 1   # marker + token
-    width = max(width, 3)
 
     # A run of accepted depths that only branch 0 holds (the shared prefix before any fork) is one row:
     # it keeps the forks in view in a small terminal.
@@ -206,6 +230,10 @@ def render_tree(block: Block | None, tokens: TokenText, cell: int = 8) -> Text:
         prefix += 1
     if prefix < 3:
         prefix = 0
+    last_row = min(max_depth, prefix + TREE_MAX_ROWS)
+    drawn = [cols[b][d][0] for b in branches for d in range(prefix + 1, last_row + 1) if d in cols[b]]
+    width = min(cell, max((len(lab(block.nodes[i].token)) for i in drawn), default=1)) + 1   # marker + token
+    width = max(width, 3)
 
     t.append("\n     ")
     for b in branches:
@@ -216,9 +244,11 @@ def render_tree(block: Block | None, tokens: TokenText, cell: int = 8) -> Text:
     if prefix:
         t.append("\n")
         t.append(f"1-{prefix}".rjust(4) + " ", Style(dim=True))
-        t.append(MARK["acc"] + "│".join(lab(block.nodes[cols[0][d][0]].token, cell) for d in range(1, prefix + 1)),
-                 NODE_STYLES["acc"])
-    for d in range(prefix + 1, max_depth + 1):
+        t.append(MARK["acc"] + "│".join(lab(block.nodes[cols[0][d][0]].token, cell)
+                                        for d in range(1, min(prefix, TREE_MAX_PREFIX) + 1)), NODE_STYLES["acc"])
+        if prefix > TREE_MAX_PREFIX:
+            t.append(f"│… {prefix - TREE_MAX_PREFIX} more", Style(dim=True))
+    for d in range(prefix + 1, last_row + 1):
         t.append("\n")
         u = ufp_depths.get(d)
         t.append(f"{d:>4}", Style(dim=u is None))
@@ -238,6 +268,11 @@ def render_tree(block: Block | None, tokens: TokenText, cell: int = 8) -> Text:
             else:
                 t.append(" " * width)
             t.append(" ")
+    hidden = [f"depths {last_row + 1}-{max_depth}"] if last_row < max_depth else []
+    if len(branches) < len(all_branches):
+        hidden.append(f"{len(all_branches) - len(branches)} of {len(all_branches)} branches")
+    if hidden:
+        t.append(f"\n… not drawn: {' and '.join(hidden)} ({len(block.nodes)} nodes in all)", Style(dim=True))
     return t
 
 
