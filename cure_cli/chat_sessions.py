@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -111,39 +113,110 @@ class ChatSession:
 
     @staticmethod
     def load(path: Path) -> "ChatSession":
+        """The chat saved at ``path``; SessionError (one line) unless every field has its saved type."""
         try:
             d = json.loads(path.read_text(encoding="utf-8"))
-            if not isinstance(d, dict) or "id" not in d:
-                raise ValueError("not a saved chat")
-            if int(d.get("schema", 0)) > SCHEMA:
-                raise SessionError(f"{path} was saved by a newer cure (chat schema {d['schema']}): upgrade to open it")
-            return ChatSession(id=str(d["id"]), dir=path.parent, created=d.get("created", ""),
-                               updated=d.get("updated", ""), models=dict(d.get("models") or {}),
-                               engine=dict(d.get("engine") or {}), settings=dict(d.get("settings") or {}),
-                               thinking=d.get("thinking"), turns=[TurnRecord(**t) for t in d.get("turns") or []],
-                               messages=list(d.get("messages") or []))
-        except SessionError:
-            raise
-        except (OSError, ValueError, TypeError, KeyError) as e:
+        except RecursionError:
+            raise SessionError(f"cannot read the saved chat {path}: JSON nested too deeply") from None
+        except (OSError, ValueError) as e:
             raise SessionError(f"cannot read the saved chat {path}: {type(e).__name__}: {e}") from None
+        try:
+            return ChatSession._from_dict(d, path)
+        except (ValueError, TypeError) as e:
+            raise SessionError(f"cannot read the saved chat {path}: {e}") from None
+
+    @staticmethod
+    def _from_dict(d, path: Path) -> "ChatSession":
+        if not isinstance(d, dict) or "id" not in d:
+            raise ValueError("not a saved chat")
+        schema = d.get("schema", 0)
+        if type(schema) is not int:
+            raise ValueError(f"its schema is not an integer: {_show(schema)}")
+        if schema > SCHEMA:
+            raise SessionError(f"{path} was saved by a newer cure (chat schema {schema}): upgrade to open it")
+        # Rule: the ID names the files the chat is saved to on resume, so it is a plain file name.
+        cid = _typed(d["id"], str, "id")
+        if not _ID_RE.fullmatch(cid):
+            raise ValueError(f"its id is not a plain name: {_show(cid)}")
+        engine = _typed(d.get("engine") or {}, dict, "engine")
+        if not all(v is None or type(v) in (str, int, float, bool) for v in engine.values()):
+            raise ValueError("'engine' holds a value that is not plain text, a number or a bool")
+        return ChatSession(
+            id=cid, dir=path.parent, created=_typed(d.get("created", ""), str, "created"),
+            updated=_typed(d.get("updated", ""), str, "updated"),
+            models=_typed(d.get("models") or {}, dict, "models"), engine=engine,
+            settings=_typed(d.get("settings") or {}, dict, "settings"),
+            thinking=_typed(d.get("thinking"), (bool, type(None)), "thinking"),
+            turns=[_turn(t, i) for i, t in enumerate(_typed(d.get("turns") or [], list, "turns"))],
+            messages=[_typed(m, dict, "a message") for m in _typed(d.get("messages") or [], list, "messages")])
 
 
-def list_sessions(folder: Path | None = None) -> list[ChatSession]:
-    """Every readable saved chat, the most recently updated first (unreadable files are skipped)."""
+_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,199}")
+_TURN_TYPES = {"prompt": str, "answer": str, "strategy": str, "config": dict, "status": str, "stats": dict,
+               "generation": (int, type(None)), "compare": list, "edited": bool, "error": (str, type(None))}
+
+
+def _show(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _typed(value, kind, what: str):
+    """``value`` if its type is exactly ``kind`` (or one of them; a bool is not an int), else ValueError."""
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if type(value) not in kinds:
+        raise ValueError(f"{what!r} is not a {' or '.join(k.__name__ for k in kinds)}: {_show(value)}")
+    return value
+
+
+def _stats(value, what: str) -> dict:
+    stats = _typed(value, dict, what)
+    if not all(type(v) in (int, float) for v in stats.values()):
+        raise ValueError(f"{what!r} holds a value that is not a number")
+    return stats
+
+
+def _turn(t, i: int) -> TurnRecord:
+    where = f"turn {i}"
+    _typed(t, dict, where)
+    unknown = set(t) - set(_TURN_TYPES)
+    if unknown:
+        raise ValueError(f"{where} has unknown fields {sorted(unknown)[:3]}")
+    fields = {k: _typed(v, _TURN_TYPES[k], f"{where} {k}") for k, v in t.items()}
+    if "stats" in fields:
+        _stats(fields["stats"], f"{where} stats")
+    for c in fields.get("compare", []):
+        _typed(c, dict, f"{where} compare")
+        _typed(c.get("strategy"), str, f"{where} compare strategy")
+        _stats(c.get("stats") or {}, f"{where} compare stats")
+    return TurnRecord(**fields)
+
+
+def list_sessions(folder: Path | None = None, *, warn=None) -> list[ChatSession]:
+    """Every readable saved chat, the most recently updated first. A file that cannot be read is skipped
+    with one line (``warn(path, why)``; default: a warning line to stderr), so one bad file never hides the
+    others."""
     folder = folder or sessions_dir()
+    warn = warn or (lambda path, why: print(f"warning: skipped a saved chat: {why}", file=sys.stderr))
     out = []
-    for p in folder.glob("*.json") if folder.is_dir() else ():
+    for p in sorted(folder.glob("*.json")) if folder.is_dir() else ():
         try:
             out.append(ChatSession.load(p))
-        except SessionError:
-            continue
+        except SessionError as e:
+            warn(p, str(e))
     return sorted(out, key=lambda s: (s.updated, s.id), reverse=True)
 
 
 def find_session(ref: str | None, folder: Path | None = None) -> ChatSession:
-    """A saved chat by ID or the start of one; None: the latest."""
+    """A saved chat by ID or the start of one; None: the latest (of the readable ones). A file that cannot
+    be read is named only when ``ref`` names it (its one line is the error)."""
     folder = folder or sessions_dir()
-    sessions = list_sessions(folder)
+    unreadable: dict[str, str] = {}
+    sessions = list_sessions(folder, warn=lambda path, why: unreadable.__setitem__(path.stem, why))
+    if ref is not None and not any(s.id.startswith(ref) for s in sessions):
+        named = [why for stem, why in unreadable.items() if stem.startswith(ref)]
+        if len(named) == 1:
+            raise SessionError(named[0])
     if not sessions:
         raise SessionError(f"no saved chats in {folder}")
     if ref is None:
@@ -159,7 +232,8 @@ def find_session(ref: str | None, folder: Path | None = None) -> ChatSession:
 
 
 def _stats_line(strategy: str, st: dict) -> str:
-    if not st:
+    if not all(k in st for k in ("tau", "tokens_per_s", "tokens", "mean_tree_size", "prefill_ms",
+                                 "prefill_tokens", "reused_tokens")):
         return strategy
     return (f"{strategy} · τ {st['tau']:.2f} · {st['tokens_per_s']:.1f} tok/s · {st['tokens']} tokens · "
             f"mean tree {st['mean_tree_size']:.1f} · prefill {st['prefill_ms']:.0f} ms "
