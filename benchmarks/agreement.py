@@ -1,7 +1,7 @@
 """How well drafters agree with their target, on held-out prompt sets, side by side.
 
     python benchmarks/agreement.py --target qwen-coder-0.5b \\
-        --drafts assets/drafters/qwen-coder-0.5b,training/qwen-coder-0.5b-v4 \\
+        --drafts assets/drafters/qwen-coder-0.5b,training/qwen-coder-0.5b-v9 \\
         --sets humaneval@20,gsm8k,benchmarks/prompts/chat20.jsonl --limit 20 --max-new-tokens 64 \\
         [--k 8] [--threads 2] [--json OUT.json]
 
@@ -21,36 +21,29 @@ on the machine's load, so this may run beside other work.
 """
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 from pathlib import Path
 from typing import Sequence
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-
-from cure_core.files import atomic_write_json  # noqa: E402
+import common  # noqa: E402
 from cure_core.options import EngineArgs, parse_list  # noqa: E402
 
 
 def parse_args(argv: Sequence[str] | None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = common.parser(__doc__)
     ap.add_argument("--drafts", required=True, help="comma list of drafters (folders or ids), compared side by side")
-    ap.add_argument("--sets", default="humaneval@20", help="comma list: TASK, TASK@N (skip its first N), prompts .jsonl")
-    ap.add_argument("--limit", type=int, default=20, help="prompts per set")
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    ap.add_argument("--json", default=None, metavar="OUT.json")
+    common.add_sets(ap, default="humaneval@20")
+    common.add_threads(ap)
+    common.add_json(ap)
     # the engine's own flags (one owner, EngineArgs): --drafter applies to every --drafts entry, --k and
     # --max-new-tokens to the tau runs and the greedy references
     EngineArgs.add_cli_args(ap, only=("target", "drafter", "max_new_tokens", "k", "kernels", "draft_vocab",
                                       "device", "dtype"), max_new_tokens=64, k=8)
-    args = ap.parse_args(argv)
-    if args.limit < 1 or args.max_new_tokens < 1 or args.k < 2:
-        ap.error("--limit and --max-new-tokens must be >= 1, --k >= 2")
-    if args.threads is not None and args.threads < 1:
-        ap.error("--threads must be >= 1")
+    args = common.check(ap, ap.parse_args(argv))
+    if args.max_new_tokens < 1 or args.k < 2:
+        ap.error("--max-new-tokens must be >= 1, --k >= 2")
     if not parse_list(args.drafts):
         ap.error("--drafts names no drafter")
     return args
@@ -70,13 +63,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
     from cure_core.training.evaluate import evaluate
 
     args = parse_args(argv)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    threads = common.set_threads(args.threads)
     console = Console(width=max(Console().width, 110))
     drafts = parse_list(args.drafts)
     out = {"target": args.target, "drafts": drafts, "k": args.k, "max_new_tokens": args.max_new_tokens,
-           "limit": args.limit, "threads": torch.get_num_threads(),
-           "load_average_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None, "sets": {}}
+           "limit": args.limit, "threads": threads, "load_average_start": common.load_average(), "sets": {}}
     refs: dict[str, list[list[int]]] = {}
     prompts: dict[str, list[list[int]]] = {}
     for d in drafts:
@@ -99,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
             ev["kind"] = kind
             out["sets"][spec]["drafters"][d] = ev
         del loaded
-    out["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    out["load_average_end"] = common.load_average()
     for spec, s in out["sets"].items():
         t = Table(title=f"{s['name']}: {s['prompts']} prompts, {args.max_new_tokens} greedy tokens, K={args.k}")
         t.add_column("drafter")
@@ -116,15 +107,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
                       f"{ev['tau']['parallel']:.3f}", f"{ev['tau']['cure']:.3f}", str(ev["lossless"]))
         console.print(t)
     console.print(f"threads {out['threads']}, load average {out['load_average_start']} -> {out['load_average_end']}")
-    if args.json:
-        atomic_write_json(args.json, out)
-    return out
+    return common.write_json(args.json, out, say=console.print)
 
 
 if __name__ == "__main__":
-    from cure_core.errors import CureError
-    try:
-        main()
-    except CureError as e:          # bad input: one line, exit 2
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+    common.entry(main)

@@ -10,17 +10,17 @@ median ms of each, and their ratio. Nodes 1 is the control (both variants run tr
 """
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-import torch  # noqa: E402
-
-from cure_core.files import atomic_write_json  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
 from cure_core.attention import stock_sdpa  # noqa: E402
 from cure_core.embedded import DEFAULT_TARGET  # noqa: E402
 from cure_core.lm import CachedLM  # noqa: E402
@@ -56,14 +56,14 @@ def measure(model, lm: CachedLM, context: int, nodes: int, reps: int) -> dict:
 
 
 def main(argv=None) -> list[dict]:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = common.parser(__doc__)
     ap.add_argument("--contexts", default="150,300,600,1200", help="cached context lengths (rows)")
     ap.add_argument("--nodes", default="1,4,16", help="nodes per forward (a chain)")
     ap.add_argument("--reps", type=int, default=7, help="forwards per variant and cell")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--json", default=None, metavar="OUT.json")
+    common.add_threads(ap, default=2)
+    common.add_json(ap)
     EngineArgs.add_cli_args(ap, only=("target", "kernels"))
-    args = ap.parse_args(argv)
+    args = common.check(ap, ap.parse_args(argv))
     try:
         contexts = [int(x) for x in parse_list(args.contexts)]
         node_counts = [int(x) for x in parse_list(args.nodes)]
@@ -71,7 +71,7 @@ def main(argv=None) -> list[dict]:
         ap.error("--contexts and --nodes take comma lists of integers")
     if args.reps < 1 or min(contexts + node_counts, default=0) < 1:
         ap.error("--reps, --contexts and --nodes must be >= 1")
-    torch.set_num_threads(args.threads)
+    common.set_threads(args.threads)
     args.target = args.target or DEFAULT_TARGET
     try:
         model, _ = load_model(args.target)
@@ -90,12 +90,10 @@ def main(argv=None) -> list[dict]:
             rows.append(r)
             print(f"{context:>8} {nodes:>6} {r['grouped_ms']:>11.1f} {r['sdpa_ms']:>9.1f} {r['sdpa_over_grouped']:>13.2f}",
                   flush=True)
-    if args.json:
-        atomic_write_json(args.json, {"target": args.target, "threads": args.threads, "kernels": packed,
-                                      "load_average_end": list(os.getloadavg()), "reps": args.reps,
-                                      "rows": rows}, indent=2)
+    common.write_json(args.json, {"target": args.target, "threads": args.threads, "kernels": packed,
+                                  "load_average_end": common.load_average(), "reps": args.reps, "rows": rows})
     return rows
 
 
 if __name__ == "__main__":
-    main()
+    common.entry(main)

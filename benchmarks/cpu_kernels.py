@@ -1,6 +1,6 @@
 """CPU verification cost curve, eager vs packed kernels, side by side in one process.
 
-    python benchmarks/cpu_kernels.py --target qwen-coder-0.5b --threads 2 --out benchmarks/results/cpu_kernels_qwen05b.json
+    python benchmarks/cpu_kernels.py --target qwen-coder-0.5b --threads 2 --json benchmarks/results/cpu_kernels_qwen05b.json
     python benchmarks/cpu_kernels.py --tiny                          # smoke run (the test does this)
 
 For each node count N in --sizes: one target forward over [root + (N-1) chain nodes] on a
@@ -11,11 +11,11 @@ verifying a tree of N nodes must cost less than the tokens it is expected to acc
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import os
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -24,11 +24,11 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import torch  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
 from cure_core.cpu_kernels import pack_linears, unavailable_reason  # noqa: E402
 from cure_core.embedded import DEFAULT_TARGET  # noqa: E402
-from cure_core.files import atomic_write_json  # noqa: E402
 from cure_core.lm import CachedLM  # noqa: E402
-from cure_core.options import EngineArgs  # noqa: E402
 
 
 def forward_ms(lm: CachedLM, n: int, gen: torch.Generator) -> float:
@@ -65,12 +65,11 @@ def measure(models: dict, sizes: list[int], ctx_len: int, reps: int) -> dict:
 
 
 def main(argv=None) -> dict:
-    ap = timing_args(__doc__)
+    ap = common.timing_parser(__doc__)
     ap.add_argument("--sizes", default="1,2,4,8,16,32", help="node counts (root included); the first is the base")
     ap.add_argument("--ctx", type=int, default=256, help="context tokens before the tree")
-    args = ap.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    args = common.check(ap, ap.parse_args(argv))
+    common.set_threads(args.threads)
     sizes = sorted({int(s) for s in args.sizes.split(",")})
     if args.tiny:
         from cure_core.tiny import tiny_target
@@ -88,7 +87,7 @@ def main(argv=None) -> dict:
         "schema": "cure.cpu_kernels/1", "target": name, "ctx": args.ctx, "reps": args.reps, "sizes": sizes,
         "environment": {"torch": torch.__version__, "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
                         "platform": platform.platform(), "processor": platform.processor(),
-                        "load_average_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None},
+                        "load_average_start": common.load_average()},
         "curves": measure({"eager": eager, "packed": packed}, sizes, args.ctx, args.reps),
     }
     c = result["curves"]
@@ -98,27 +97,8 @@ def main(argv=None) -> dict:
         k = str(n)
         print(f"{n:>6} {c['eager']['ms'][k]:>10.1f} {c['eager']['x_one_token'][k]:>6.2f} "
               f"{c['packed']['ms'][k]:>10.1f} {c['packed']['x_one_token'][k]:>6.2f} {result['packed_speedup'][k]:>12.2f}x")
-    if args.out:
-        write_json(args.out, result)
-    return result
-
-
-def timing_args(doc: str) -> argparse.ArgumentParser:
-    """The options a one-model timing script shares (this one, prefill.py): --tiny, --reps, --threads,
-    --out and the target."""
-    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
-    ap.add_argument("--tiny", action="store_true", help="a tiny random model built in-process")
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    ap.add_argument("--out", type=Path, default=None, help="write the JSON here")
-    EngineArgs.add_cli_args(ap, only=("target",))
-    return ap
-
-
-def write_json(path: Path, result: dict) -> None:
-    """`result` as JSON at `path`, whole or not at all (cure_core/files.py)."""
-    atomic_write_json(path, result, indent=1)
+    return common.write_json(args.json, result, indent=1)
 
 
 if __name__ == "__main__":
-    main()
+    common.entry(main)

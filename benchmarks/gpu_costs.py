@@ -4,7 +4,7 @@ No weights can reach the GPU machines, so the target is RANDOMLY INITIALISED fro
 (Qwen3-8B's shape by default) and the drafters are a small random causal LM used PARD-style and a
 DFlash drafter initialised as training starts it. Random models accept almost nothing, which does
 not matter here: this measures time (and, with --lossless, correctness on tiny models), not acceptance.
-Results of the H200 runs and their commands: benchmarks/results/README.md, section gpu_h200.
+Results of the H200 runs and their commands: benchmarks/results/SUMMARY.md, section GPU.
 
     python benchmarks/gpu_costs.py --device cuda --lossless 10 --compile --out gpu_costs.json
     python benchmarks/gpu_costs.py --device cuda --stages cost --compile   # eager vs CUDA-graph curves only
@@ -36,7 +36,6 @@ skipped (recorded as such), so a lease that runs short still returns what was me
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -45,7 +44,6 @@ from pathlib import Path
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from cure_core.files import atomic_write_json  # noqa: E402
 from cure_core.budget import measure_cost_curve
 from cure_core.config import STRATEGIES, DecodeConfig
 from cure_core.drafters.dflash import STATIC_BLOCKS, default_target_layer_ids
@@ -56,6 +54,7 @@ from cure_core.tiny import BYTE_VOCAB, MASK_ID, perturbed_copy, tiny_config, tin
 from cure_core.training.dflash_train import build_model, draft_config_dict, init_from_target
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
 from synthetic_drafter import Profile, SyntheticDrafter, expected_tau, profile_for_tau  # noqa: E402
 
 # Real configs' shapes (random weights). Each draft is a 2-layer model sharing the vocabulary.
@@ -469,7 +468,7 @@ OVERHEAD_RUNS = [("pard", "parallel", 15, {}), ("pard", "cure", 32, {"tau_margin
 
 
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = common.parser(__doc__)
     ap.add_argument("--shape", default="qwen3-8b", choices=["tiny", *SHAPES])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
@@ -513,8 +512,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--e2e-prompt-len", type=int, default=128, help="e2e: prompt tokens")
     ap.add_argument("--deadline", type=float, default=None, metavar="S",
                     help="skip the stages that would start after S seconds (the JSON records them)")
-    ap.add_argument("--out", default=None, metavar="OUT.json")
-    args = ap.parse_args(argv)
+    common.add_json(ap)
+    args = common.check(ap, ap.parse_args(argv))
     t_start = time.perf_counter()
     device = torch.device(args.device)
     dtype = torch.float32 if args.shape == "tiny" else getattr(torch, args.dtype)
@@ -529,8 +528,7 @@ def main(argv=None) -> dict:
 
     def save() -> None:
         report["seconds"] = time.perf_counter() - t_start
-        if args.out:
-            atomic_write_json(args.out, report, indent=2)
+        common.write_json(args.json, report, say=None)
 
     def stage(name: str, fn) -> None:
         """Run one stage unless past the deadline; record its error instead of losing the others."""
@@ -658,10 +656,10 @@ def main(argv=None) -> dict:
         except Exception:                                  # noqa: BLE001 -- diagnostics only
             pass
     save()
-    if args.out:
-        print(f"wrote {args.out}")
+    if args.json:
+        print(f"wrote {args.json}")
     return report
 
 
 if __name__ == "__main__":
-    main()
+    common.entry(main)

@@ -78,12 +78,12 @@ shared), else every core. The choice and its reason are printed and written to t
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import math
 import os
 import platform
 import statistics
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -95,7 +95,8 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import torch  # noqa: E402
 
-from cure_core.files import atomic_write_json  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
 from cure_core.cpu_kernels import cpu_info  # noqa: E402
 from cure_core.attention import stock_sdpa  # noqa: E402
 from cure_core.options import EngineArgs, parse_list  # noqa: E402
@@ -120,11 +121,9 @@ TINY_PROMPTS = (
 def choose_threads(requested: int | None) -> tuple[int, str]:
     """(threads, why): --threads wins; else 1 on a loaded box, else every core."""
     cores = os.cpu_count() or 1
-    if requested is not None:
-        if requested < 1:
-            raise SystemExit(f"--threads must be >= 1, got {requested}")
+    if requested is not None:                   # checked >= 1 by common.check
         return requested, "set with --threads"
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    load = (common.load_average() or [0.0])[0]
     if load > cores:
         return 1, f"1-minute load average {load:.2f} > {cores} cores (shared box): 1 thread"
     return cores, f"1-minute load average {load:.2f} <= {cores} cores: all cores"
@@ -138,7 +137,7 @@ def environment(threads: int, why: str, device: str, dtype: str) -> dict:
         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "threads_requested": threads,
         "threads_reason": why, "torch_interop_threads": torch.get_num_interop_threads(),
         "device": device, "dtype": dtype,
-        "load_average_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "load_average_start": common.load_average(),
         **cpu_info(),
     }
     try:
@@ -597,44 +596,32 @@ def _clean(obj):
 
 
 def parse_args(argv: Sequence[str] | None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = common.parser(__doc__)
     ap.add_argument("--strategies", default="ar,sd,parallel,cure,ddtree", help="comma list of cure strategies; 'cure:lookup=10' runs one with DecodeConfig fields changed, "
                     "'ddtree:attention=sdpa' with transformers' sdpa (K/V copies) instead of cure_core/attention.py's, "
                     "'cure:draft_dtype=bfloat16' over drafters loaded again in that dtype, 'cure:draft=PATH' over "
                     "another draft checkpoint")
     ap.add_argument("--hf", default="generate,assisted,prompt-lookup", help="transformers methods to run")
-    ap.add_argument("--sets", default="humaneval", help="comma list: humaneval, gsm8k, mbpp, lcb-lite, TASK@N (skip "
-                    "its first N: held-out ranges, e.g. humaneval@20), or a prompts .jsonl file (cure bench --prompts format)")
-    ap.add_argument("--limit", type=int, default=20, help="prompts per set")
+    common.add_sets(ap, default="humaneval")
     ap.add_argument("--hf-assistant-tokens", type=int, default=None,
                     help="fix HF assisted generation's draft length (constant schedule); default: HF's own")
     ap.add_argument("--prompt-lookup-tokens", type=int, default=10)
     ap.add_argument("--prompt-lookup-ngram", type=int, default=2)
     ap.add_argument("--warmup-tokens", type=int, default=8, help="tokens of each method's warm-up generation (0: none)")
-    ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--tiny", action="store_true", help="in-process tiny random models (fast smoke run)")
+    common.add_threads(ap)
+    common.add_tiny(ap)
     ap.add_argument("--trace-tuner", action="store_true",
                     help="record, per block, the budget tuner's view before its choice (rates per candidate budget)")
-    ap.add_argument("--json", default=None, metavar="OUT.json",
-                    help="write the report here (its folder is made; written whole or not at all)")
+    common.add_json(ap)
     ap.add_argument("--quiet", action="store_true", help="no per-generation progress lines")
     ap.add_argument("--order", choices=ORDERS, default="balanced",
                     help="methods' order within a prompt: balanced (a Williams design: each method in each "
                          "position and after each other method alike), or the listed order every prompt (as "
                          "runs before this option)")
     EngineArgs.add_cli_args(ap, exclude=("strategy", "temperature", "seed", "chat"), max_new_tokens=64)
-    args = ap.parse_args(argv)
-    if args.limit < 1 or args.max_new_tokens < 1:
-        ap.error("--limit and --max-new-tokens must be >= 1")
-    if args.json:
-        # before an hour of generations, not after: the report's folder must be there and writable
-        out = Path(args.json)
-        try:
-            out.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            ap.error(f"--json {args.json}: cannot make its folder ({e.strerror})")
-        if out.is_dir() or not os.access(out.parent, os.W_OK):
-            ap.error(f"--json {args.json}: not a writable file path")
+    args = common.check(ap, ap.parse_args(argv))
+    if args.max_new_tokens < 1:
+        ap.error("--max-new-tokens must be >= 1")
     return args
 
 
@@ -704,7 +691,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     for name in sets if len(sets) > 1 else ():
         render(console, per_set[name], sum(1 for x in setup.prompts if x[0] == name), title=name)
     render(console, summary, len(setup.prompts), title=" + ".join(sets))
-    env["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    env["load_average_end"] = common.load_average()
     report = _clean({
         "schema": SCHEMA,
         "environment": env,
@@ -730,13 +717,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "summary_per_set": per_set,
         "results": results,
     })
-    if args.json:
-        atomic_write_json(args.json, report, indent=2)
-        console.print(f"wrote {args.json}")
+    common.write_json(args.json, report, say=console.print)
     if setup.tmpdir is not None:
         setup.tmpdir.cleanup()
     return report
 
 
 if __name__ == "__main__":
-    main()
+    common.entry(main)

@@ -2,7 +2,7 @@
 (what it ran before: a [rows, vocab] matmul whose logits nothing reads), in one process, interleaved.
 
     python benchmarks/prefill.py --target qwen-coder-1.5b --threads 2 --lengths 64,128,256 --reps 5 \
-        --out benchmarks/results/prefill_head_cpu/qwen15b.json
+        --json benchmarks/results/prefill_head_cpu/qwen15b.json
     python benchmarks/prefill.py --tiny                          # smoke run (the test does this)
 
 The target loads as `cure generate` loads it (float32, packed kernels where they apply). For each prompt
@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from cpu_kernels import timing_args, write_json  # noqa: E402
+import common  # noqa: E402
 from cure_core.lm import CachedLM  # noqa: E402
 from cure_core.options import EngineArgs  # noqa: E402
 
@@ -41,11 +41,10 @@ def prefill_ms(model, ids: list[int], all_rows: bool) -> float:
 
 
 def main(argv=None) -> dict:
-    ap = timing_args(__doc__)
+    ap = common.timing_parser(__doc__)
     ap.add_argument("--lengths", default="64,128,256", help="prompt lengths in tokens")
-    args = ap.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    args = common.check(ap, ap.parse_args(argv))
+    common.set_threads(args.threads)
     lengths = [int(s) for s in args.lengths.split(",")]
     if args.tiny:
         from cure_core.tiny import tiny_target
@@ -59,7 +58,7 @@ def main(argv=None) -> dict:
     result = {"schema": "cure.prefill/1", "target": name, "reps": args.reps,
               "environment": {"torch": torch.__version__, "threads": torch.get_num_threads(),
                               "cpu_count": os.cpu_count(), "platform": platform.platform(),
-                              "load_average_start": list(os.getloadavg())},
+                              "load_average_start": common.load_average()},
               "lengths": {}}
     print(f"{'tokens':>7} {'head over every row, ms':>24} {'over one row, ms':>17} {'saved':>7}")
     for n in lengths:
@@ -73,11 +72,9 @@ def main(argv=None) -> dict:
         result["lengths"][str(n)] = {"every_row_ms": round(every, 3), "one_row_ms": round(one, 3),
                                      "saved": round(1 - one / every, 4)}
         print(f"{n:>7} {every:>24.1f} {one:>17.1f} {1 - one / every:>7.1%}")
-    result["environment"]["load_average_end"] = list(os.getloadavg())
-    if args.out:
-        write_json(args.out, result)
-    return result
+    result["environment"]["load_average_end"] = common.load_average()
+    return common.write_json(args.json, result, indent=1)
 
 
 if __name__ == "__main__":
-    main()
+    common.entry(main)
