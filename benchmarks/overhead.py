@@ -11,7 +11,7 @@ mean and 95% interval of those differences over the rounds.
 Best-first cure also runs with `calibrate=0`: the node calibration's host cost is the difference.
 `--drafter ar --auto`: an autoregressive chain drafter under the budget tuner (the budgets are the
 ceilings): sd, ddtree and best-first cure with its draft stop, the tuner's own work counted as overhead.
-(On these tiny models the tuner settles on budget 0, drafting never pays: benchmarks/results/README.md.)
+(On these tiny models the tuner settles on budget 0: drafting never pays.)
 `--drafter synthetic`: the SYNTHETIC benchmark drafter (synthetic_drafter.py) told the target's output,
 agreeing with it at a chain tau of `--synthetic-tau` (K=16), beside the PARD drafter whose forwards it
 runs for their cost. The tiny random drafters accept almost nothing, so their trees are verified and
@@ -24,7 +24,6 @@ The synthetic rows' own draws count as drafting, not overhead.
 """
 from __future__ import annotations
 
-import argparse
 import gc
 import os
 import random
@@ -33,15 +32,13 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
-from cure_core.files import atomic_write_json  # noqa: E402
 from cure_core.config import DecodeConfig
 from cure_core.engine import Engine
 from cure_core.models import build_pair
 from cure_core.tiny import BYTE_VOCAB, MASK_ID, perturbed_copy, tiny_target
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
 from synthetic_drafter import Profile, SyntheticDrafter, profile_for_tau  # noqa: E402
 
 SYNTHETIC_K = 16     # the synthetic drafter's block (the published DFlash-8B's)
@@ -130,9 +127,9 @@ def label(strategy: str, extra: dict) -> str:
 
 
 def main(argv=None) -> list[dict]:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = common.parser(__doc__)
     ap.add_argument("--blocks", type=int, default=200)
-    ap.add_argument("--threads", type=int, default=1)
+    common.add_threads(ap, default=1)
     ap.add_argument("--budgets", default="16,32,64")
     ap.add_argument("--kv-cache", default="static", choices=["static", "dynamic"],
                     help="KV layout (the K/V writes inside the forward count as model time; compaction as overhead)")
@@ -144,9 +141,9 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--auto", action="store_true", help="--v-max auto: the budget tuner picks each block's budget")
     ap.add_argument("--redrafts", default="", metavar="R,R,...",
                     help="also best-first cure with `redrafts` R at each budget (what each re-draft costs in host time)")
-    ap.add_argument("--json", default=None, metavar="OUT.json")
-    args = ap.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    common.add_json(ap)
+    args = common.check(ap, ap.parse_args(argv))
+    common.set_threads(args.threads)
     target = tiny_target(seed=0)
     draft = perturbed_copy(target, noise=0.3, seed=1)
     clocks = (ForwardClock(target), ForwardClock(draft))
@@ -207,15 +204,12 @@ def main(argv=None) -> list[dict]:
     for d in diffs:
         print(f"{label('cure', d):22} {d['v_max']:>5} {d['rounds']:>4} rounds {d['median_ms']:>+7.2f} {d['mean_ms']:>+7.2f} "
               f"[{d['ci95_ms'][0]:+.2f}, {d['ci95_ms'][1]:+.2f}]")
-    if args.json:
-        atomic_write_json(args.json, {"threads": args.threads, "kv_cache": args.kv_cache,
-                                      "drafter": args.drafter + (" (SYNTHETIC: told the target's output)"
-                                                                 if synthetic else ""),
-                                      "auto_budget": args.auto,
-                                      "load_average": list(os.getloadavg()), "rows": rows,
-                                      "paired_cure_minus_ddtree": diffs}, indent=2)
+    common.write_json(args.json, {"threads": args.threads, "kv_cache": args.kv_cache,
+                                  "drafter": args.drafter + (" (SYNTHETIC: told the target's output)" if synthetic else ""),
+                                  "auto_budget": args.auto, "load_average": common.load_average(), "rows": rows,
+                                  "paired_cure_minus_ddtree": diffs})
     return rows
 
 
 if __name__ == "__main__":
-    main()
+    common.entry(main)
