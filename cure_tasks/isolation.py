@@ -23,7 +23,7 @@ bind sources as uid 65534, which cannot pass through e.g. a 0700 /root holding a
 view has 0755 parents, so the same binds work.
 
 Limits, all set before the sample's exec: RLIMIT_CPU, RLIMIT_AS, RLIMIT_FSIZE, RLIMIT_NPROC (offset by
-what the sandbox uid already runs), RLIMIT_CORE=0, and as root a pids cgroup with pids.max as well.
+what the sandbox uid already runs), RLIMIT_NOFILE, RLIMIT_CORE=0, and as root a pids cgroup with pids.max as well.
 """
 
 from __future__ import annotations
@@ -50,6 +50,8 @@ from cure_core.errors import CureError
 SANDBOX_UID = 65534
 # Size of each writable tmpfs (/sandbox and /tmp) in a sandbox.
 TMPFS_BYTES = 64 * 1024 * 1024
+# RLIMIT_NOFILE: open files, so pipe and socket buffers (kernel memory no other cap counts) stay bounded.
+NOFILE = 1024
 # Where sandbox_child.py, the program and the tests appear inside.
 CHILD_PATH = "/cure/child.py"
 _CHILD_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_child.py")
@@ -218,7 +220,7 @@ def _prlimit(limits: Limits, uid: int) -> list[str]:
     mb = 1024 * 1024
     nproc = _running_tasks(uid) + limits.nproc + 3     # + the unprivileged bwrap, its init and python
     return ["prlimit", f"--cpu={limits.cpu_s}:{limits.cpu_s + 1}", f"--as={limits.memory_mb * mb}",
-            f"--fsize={limits.fsize_mb * mb}", f"--nproc={nproc}", "--core=0", "--"]
+            f"--fsize={limits.fsize_mb * mb}", f"--nproc={nproc}", f"--nofile={NOFILE}", "--core=0", "--"]
 
 
 def _running_tasks(uid: int) -> int:

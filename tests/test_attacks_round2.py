@@ -109,6 +109,28 @@ def test_filling_every_writable_place_stays_within_the_caps_in_host_memory():
     assert wrote["/dev/shm"] > 0 and wrote["/sandbox"] > 0    # the writable places still work
 
 
+def test_open_files_are_capped():
+    code = textwrap.dedent("""
+        import os, resource
+        pipes = []
+        try:
+            for _ in range(5000):
+                pipes.append(os.pipe())
+        except OSError:
+            pass
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (100_000, 100_000))
+            print("raised")
+        except (OSError, ValueError):
+            pass
+        print(len(pipes))
+    """)
+    result = run_program(code, audit_hooks=False)
+    assert result.passed, result.stderr_tail
+    assert "raised" not in result.stdout_tail
+    assert int(result.stdout_tail.split()[-1]) * 2 <= isolation.NOFILE
+
+
 def test_dev_holds_the_devices_only_and_is_read_only():
     code = textwrap.dedent("""
         import os
