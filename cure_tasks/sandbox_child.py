@@ -11,7 +11,9 @@ sample  /sandbox/main.py runs as __main__, then its top-level names are served t
 judge   A separate sandbox that runs the tests (/sandbox/tests.py, or one functional case). The names the
         program defined are proxies that call into the sample; every value that comes back is rebuilt here
         from plain data of exact builtin types (so an object whose __eq__ always says True arrives as an
-        opaque handle that equals only itself). When the tests finish, the judge copies the nonce it read
+        opaque handle that equals only itself; its str() is the judge's own, `in` is decided by value, and
+        bool/len/iter are answered only for Python's own types, never by the program's class; a "stop"
+        counts only as the answer to `next`). When the tests finish, the judge copies the nonce it read
         from its nonce pipe to its result pipe: the only pass signal, and the sample holds neither pipe.
 
 The audit hook (install_audit_hook) is defence in depth on top of the OS isolation, not the boundary.
@@ -295,7 +297,8 @@ def serve(namespace: dict, requests_fd: int, replies_fd: int) -> None:
 class Remote:
     """An object of the program's that is not plain data. It stays in the sample's process: the judge can
     call it, read its attributes, index and iterate it, and every answer comes back by value; it compares
-    equal only to itself (the sample's __eq__ is never asked)."""
+    equal only to itself (the sample's __eq__ is never asked), its str() is drawn here, and its truth, len
+    and iteration come from the sample only where Python's own type decides them (see _fixed_type)."""
 
     __slots__ = ("_cure_link", "_cure_number")
 
