@@ -115,7 +115,7 @@ def train_drafter(
     if eval_set == "humaneval" and eval_prompts > 0:
         from cure_tasks import humaneval                    # the packaged HumanEval prompts
         eval_texts = [p.prompt for p in humaneval.load(limit=eval_prompts)]
-    from cure_core.embedded import DEFAULT_TARGET
+    from cure_core.catalog import DEFAULT_TARGET
     opts = RunOptions(target=target or DEFAULT_TARGET, out=out, train=spec, data=data, device=device, layer_ids=ids,
                       dflash_init=dflash_init, features_from=list(features_from or []), pard_init=pard_init, pard_base=pard_base, lora_rank=lora_rank, lora_alpha=lora_alpha,
                       pard_train_embeddings=pard_train_embeddings, resume=resume, eval_prompts=eval_prompts,
