@@ -8,7 +8,7 @@ per-step bookkeeping, top-k, cache masks) and `tree` (tree building), both means
 overhead at most ddtree's + 0.3 ms. Two runs' medians differed by more than that, so the goal's figure
 is paired: within each round, cure's mean overhead minus ddtree's at the same budget, then the median,
 mean and 95% interval of those differences over the rounds.
-Best-first cure also runs with `calibrate=0`: the node calibration's host cost is the difference.
+Best-first cure also runs with `acceptance=0`: the acceptance model's host cost is the difference.
 `--drafter ar --auto`: an autoregressive chain drafter under the budget tuner (the budgets are the
 ceilings): sd, ddtree and best-first cure with its draft stop, the tuner's own work counted as overhead.
 (On these tiny models the tuner settles on budget 0: drafting never pays.)
@@ -123,7 +123,7 @@ def label(strategy: str, extra: dict) -> str:
     """A config's name in the tables: the strategy, cure's tree and a fixed re-draft count R."""
     return strategy + (f" {extra['cure_tree']}" if "cure_tree" in extra else "") + (
         f" R={extra['redrafts']}" if "redrafts" in extra else "") + (
-        " calibrate=0" if extra.get("calibrate") is False else "")
+        " acceptance=0" if extra.get("acceptance") is False else "")
 
 
 def main(argv=None) -> list[dict]:
@@ -165,7 +165,7 @@ def main(argv=None) -> list[dict]:
     for v in (int(b) for b in args.budgets.split(",")):
         runs += [("ddtree", v, {}), ("cure", v, {"cure_tree": "best-first"})]
         # best-first without the node calibration (calibration.py): what its fit and its measuring tree cost
-        runs += [("cure", v, {"cure_tree": "best-first", "calibrate": False})] if block else []
+        runs += [("cure", v, {"cure_tree": "best-first", "acceptance": False})] if block else []
         runs += [("cure", v, {"cure_tree": "paper"})] if block else []
         runs += [("cure", v, {"cure_tree": "best-first", "redrafts": int(r)}) for r in args.redrafts.split(",") if r]
     cfgs = [DecodeConfig(strategy=strategy, v_max=v_max, max_new_tokens=64, kv_cache=args.kv_cache,

@@ -16,6 +16,8 @@ The model, per drafted row at depth d (1-based, below the block's root), calibra
   So the top-1 is right with probability m on average, a sure row more often than an unsure one
   (margins carry signal, as a trained drafter's do: CURE's UFPs, the calibration), and a tree's
   alternatives hold the target's token where a chain misses, as often as their probabilities say;
+- `confidence` c: the drafter reports c x log p renormalised (c < 1 under-confident, > 1 over-confident)
+  while the target's token is still placed by the true p: the same accuracy, another calibration;
 - rows of the block below its first wrong top-1 draw at `below_miss` x the rate (1.0 by default: a
   block-parallel drafter drafts every position from the context alone, so a miss above does not bias
   a row). A re-draft under a prefix that follows the target's tokens draws its rows afresh at the
@@ -39,7 +41,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from cure_core.drafters.base import DEFAULT_REDRAFTS, Proposal
+from cure_core.drafters.base import DEFAULT_REDRAFTS, Drafter, Proposal
 
 STRIDES = (7919, 7927)  # primes: base + j * stride (mod span) are distinct for j < span where gcd(stride, span) = 1
 
@@ -69,6 +71,8 @@ class Profile:
     rates: tuple[float, ...]      # [D] P(top-1 is the target's token) at depth 1..D (the last one repeats)
     below_miss: float = 1.0       # rate multiplier for a block's rows below its first wrong top-1
     concentration: float = 4.0    # of the top-1 probability's Beta draw: lower spreads sure and unsure rows apart
+    confidence: float = 1.0       # the reported log-probs are this x the true ones, renormalised: < 1 an
+                                  # under-confident drafter (flatter), > 1 an over-confident one, at the same accuracy
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -76,12 +80,14 @@ class Profile:
             raise ValueError(f"agreement rates must lie in [0, 1]: {self.rates}")
         if not 0.0 <= self.below_miss <= 1.0:
             raise ValueError(f"below_miss must lie in [0, 1]: {self.below_miss}")
+        if not 0.0 < self.confidence <= 16.0:
+            raise ValueError(f"confidence must lie in (0, 16]: {self.confidence}")
 
     def rate(self, depth: int) -> float:
         return self.rates[min(depth, len(self.rates)) - 1]
 
 
-class SyntheticDrafter:
+class SyntheticDrafter(Drafter):
     """The Drafter protocol (drafters/base.py) over a known greedy output; block-parallel, one pass."""
     sequential = False
     redrafts_while_drafting = False
@@ -222,7 +228,14 @@ class SyntheticDrafter:
         ids = np.where(hit, cand[:, w:w + 1], cand[:, :w])                         # [n, w]
         rows = np.flatnonzero(rank < w)
         ids[rows, rank[rows]] = truth[rows]
-        logp = torch.from_numpy(np.log(np.maximum(probs, 1e-30))).float()
+        logp = np.log(np.maximum(probs, 1e-30))                                      # [n, w] the true log-probs
+        if self.profile.confidence != 1.0:
+            # Rule: the target's token was placed by the true probabilities (the accuracy); only what the drafter
+            # reports changes: c x log p over the row's candidates and the mass beyond them, renormalised.
+            rest = np.log(np.maximum(1.0 - probs.sum(axis=1, keepdims=True), 1e-30))   # [n, 1]
+            scaled = self.profile.confidence * np.concatenate([logp, rest], axis=1)
+            logp = (scaled - np.logaddexp.reduce(scaled, axis=1, keepdims=True))[:, :w]
+        logp = torch.from_numpy(logp).float()
         top_ids = torch.from_numpy(ids)
         return Proposal(tokens=top_ids[:, 0].tolist(), top_ids=top_ids, top_logprobs=logp)
 

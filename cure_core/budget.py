@@ -479,7 +479,7 @@ class BudgetTuner:
         return (self.verify_ms(v) - self.verify_ms(0)) / v
 
     def alt_floor(self, v: int) -> float:
-        """The joint draft log-prob (calibrated: strategies.best_first `weight`) a node off the drafted chain
+        """The joint draft log-prob a node off the drafted chain
         needs to join a tree of budget v (best_first `floor`). Rule: as for a chain position (`draft_stop`), a
         node is worth its row while what it can add, at most P(the target accepts it) = p^gamma tokens, beats
         what its time would earn at the predicted rate: p^gamma >= rate(v) x `node_ms`. The chain's positions
@@ -664,30 +664,6 @@ class BudgetTuner:
                 return u
         return None
 
-    def admission(self, v: int) -> tuple[float, ...]:
-        """Past budget v, the joint draft log-prob the (n+1)-th node needs to join the tree, for n < the cap
-        (strategies.best_first `admit`; -inf up to v). Rule: a node is worth its verification row while what it
-        can add, at most P(the target accepts it) = p^gamma tokens (`calibration`, fitted on the chains the
-        blocks verified), beats what the row's time would earn at the predicted rate: p^gamma >= rate(v) x
-        (C_v(n+1) - C_v(n)). The budget is the tuner's bet on an average block; the drafter's own probabilities
-        say which blocks are sure enough for more. On the 1.5B pair's recorded tuning blocks (706, HumanEval
-        1-20 and GSM8K 21-40, full-depth drafts) this over budget 4 modelled +1.2% tokens per second
-        (+0.6% / +1.1% per set) against the best fixed budget, with drafts only 4 deep +0.0-0.3% (the extra
-        nodes are mostly deeper), so over a block-parallel drafter the engine drafts the whole block where it
-        admits. Up to the warm-up budget (verification within `warmup_cost` one-token steps); empty at budget
-        0 and before anything is rated. Timed on the held-out sets it was neutral on both embedded pairs
-        (0.997, 0.998: benchmarks/results/admit_ab2_*), so `DecodeConfig.admit` is off by default."""
-        cap = max(v, self.warmup_budget)
-        r = self.rate(v) if v > 0 else None
-        if r is None or cap <= v:
-            return ()
-        gamma, scale = self.calibration(), self.scale()                # once a block, not once a row
-        out = [-math.inf] * v
-        for n in range(v, cap):
-            price = r * scale * (self.curve.verify(n + 1) - self.curve.verify(n))   # tokens the row's time earns
-            out.append(-math.inf if price <= 0 else math.log(price) / gamma)
-        return tuple(out)
-
     def redraft_pays(self, v: int) -> bool:
         """Whether best-first cure's re-draft pass runs at budget v: while its measured gain beats the
         predicted rate(v) x its ms (the rule and why: redraft_price.py). On the 1.5B showcase pair's PARD
@@ -758,9 +734,8 @@ class BudgetTuner:
                 self.next_explore = min(self.next_explore, self.blocks + self.explore_every)
         # Rule: a clipped tree is censored like one cut by its budget (counted for V <= its size only); as
         # an uncut tree, each prompt's last, short block taught a(V) = its few nodes for every V.
-        # Rule: nodes admitted past the budget (`admission`) tell nothing: a block gets them only where its
-        # drafts were sure, so counted they rated every budget above by its surest blocks (on the default pair
-        # the tuner moved up from 4 to 7 nodes and cure lost 2%: benchmarks/results/admit_ab_qwen05b_cpu).
+        # Rule: nodes past the budget tell nothing of a(V) above it (a tree larger than its budget is counted
+        # as the budget's).
         size = min(block.tree_size, budget) if budget > 0 else block.tree_size
         self.history.append((sorted(block.accepted), size, clipped or size >= budget))
         self._accept = {}

@@ -1,7 +1,7 @@
 """Decoding configuration: one frozen, commented dataclass, validated on construction.
 
 Defaults follow the CURE paper's primary configuration: block K=16 (tree depth 15),
-tau_margin=1.0, b_min=1, b_max=5, verification beam 5, at most one UFP per block.
+tau_margin=1.0, b_min=1, b_max=5, verification beam 5 (strategies.PAPER_BEAM), at most one UFP per block.
 `DecodeConfig.from_user` is the one rule that turns user-level knobs (the CLI's flags, the API's
 keywords, the chat settings screen) into a config.
 
@@ -46,13 +46,11 @@ class DecodeConfig:
     seed: int = 0                 # seeds the sampler's torch.Generator when temperature > 0
     # --- CURE: uncertainty gate and branch budget (DESIGN.md steps 2-5) ---
     tau_margin: float = 1.0       # positions with top1-top2 draft log-prob margin below this are UFPs
-    margin_scale: float | None = None  # s in u_i = clamp(1 - m_i/s, 0, 1); None = tau_margin
     b_min: int = 1                # repair branches granted at the least uncertain UFP
     b_max: int = 5                # repair branches granted at the most uncertain UFP
     max_ufps: int = 1             # UFPs repaired per block, taken in ascending margin
     v_max: int = 64               # node budget V(T) <= v_max (root excluded); cuts repair suffixes, never branch 0
     auto_budget: bool = False     # pick the budget per block from the measured cost curve (v_max = ceiling; budget.py)
-    beam: int = 5                 # paper tree: at most this many repair nodes at any depth
     top_k: int = 8                # draft alternatives kept per position for the paper tree (>= b_max + 1);
                                   # best-first trees (ddtree, cure best-first) take max(top_k, budget), so a
                                   # node may get as many children as the budget holds (strategies.proposal_width)
@@ -65,25 +63,17 @@ class DecodeConfig:
     redraft_weight: float | None = None  # best-first: weight of the re-drafted distribution below a substitution,
                                   # blended with the proposal's (1: the re-draft alone; strategies.blend);
                                   # None: the drafter's (0.5 for DFlash, 1 for an AR chain)
-    redraft_pass: str = "priced"  # best-first over a block-parallel drafter: priced: the re-draft pass runs at a
-                                  # budget (the tuner's or a fixed v_max) only while its measured gain pays for
-                                  # its time (redraft_price.py) | always: on every block with a substitution
     lookup: int = 10              # best-first: graft up to this many tokens copied from the text so far (the
                                   # continuation of its last n-gram's latest earlier occurrence) into the
                                   # heap, scored by their measured acceptance (lookup.py); 0 = off
-    lookup_ngram: int = 2         # the longest trailing n-gram the lookup matches (then shorter ones)
-    admit: bool = False           # best-first under --v-max auto: past the tuner's budget the heap goes on while
-                                  # the next node's calibrated acceptance pays for its verification row at the
-                                  # predicted rate (BudgetTuner.admission); off: neutral on both embedded pairs
-                                  # (benchmarks/results/admit_ab2_*)
     alt_floor: bool = True        # best-first under --v-max auto over a sequential drafter (with draft_stop): a
                                   # node off the drafted chain (a substitution or below one) joins only where
                                   # its calibrated acceptance pays for its row (BudgetTuner.alt_floor)
     draft_stop: bool = True       # best-first over a sequential (AR chain) drafter: stop drafting once the
                                   # chain is too unlikely to pay for its next step (BudgetTuner.draft_stop)
-    calibrate: bool = True        # best-first: rank nodes by the target's acceptance fitted online at T=0, a
-                                  # lower candidate's log-prob weighted against a top-1's (calibration.py);
-                                  # False: the drafter's joint log-prob alone, as ddtree
+    acceptance: bool = True       # best-first: rank nodes by the target's acceptance, P(accepted | parent
+                                  # accepted) per rank, depth and draft log-prob, learned online at T=0
+                                  # (acceptance.py); False: the drafter's joint log-prob alone, as ddtree
     # --- ablations (paper Table 4) ---
     keep_branch0: bool = True     # False: the drafted block is not verified unless a repair shares it
     resync: bool = True           # False: the drafter is fed branch 0's tokens instead of the emitted ones
@@ -96,7 +86,7 @@ class DecodeConfig:
 
     def __post_init__(self) -> None:
         # Rule: real-valued knobs are finite numbers (nan passes every `< 0` check; inf breaks sampling).
-        for name in ("temperature", "tau_margin", "margin_scale", "redraft_weight"):
+        for name in ("temperature", "tau_margin", "redraft_weight"):
             value = getattr(self, name)
             if value is not None and not math.isfinite(value):
                 raise ConfigError(f"`{name}` must be a finite number, got {value}")
@@ -106,14 +96,10 @@ class DecodeConfig:
             raise ConfigError(f"unknown CURE tree {self.cure_tree!r}; choose one of {', '.join(CURE_TREES)}")
         if self.redraft_weight is not None and not 0.0 <= self.redraft_weight <= 1.0:
             raise ConfigError(f"`redraft_weight` must lie in [0, 1], got {self.redraft_weight}")
-        if self.redraft_pass not in ("priced", "always"):
-            raise ConfigError(f"`redraft_pass` must be priced or always, got {self.redraft_pass!r}")
         if self.redrafts is not None and self.redrafts < 0:
             raise ConfigError(f"`redrafts` must be >= 0, got {self.redrafts}")
         if self.lookup < 0:
             raise ConfigError(f"`lookup` must be >= 0 (0: off), got {self.lookup}")
-        if self.lookup_ngram < 1:
-            raise ConfigError(f"`lookup_ngram` must be >= 1, got {self.lookup_ngram}")
         if self.kv_cache not in KV_LAYOUTS:
             raise ConfigError(f"unknown KV cache layout {self.kv_cache!r}; choose one of {', '.join(KV_LAYOUTS)}")
         if self.compile and self.kv_cache != "static":
@@ -128,14 +114,10 @@ class DecodeConfig:
             raise ConfigError(f"`temperature` must be >= 0, got {self.temperature}")
         if self.tau_margin < 0:
             raise ConfigError(f"`tau_margin` must be >= 0, got {self.tau_margin}")
-        if self.margin_scale is not None and self.margin_scale <= 0:
-            raise ConfigError(f"margin_scale must be > 0, got {self.margin_scale}")
         if not 0 <= self.b_min <= self.b_max:
             raise ConfigError(f"need 0 <= b_min <= `b_max`, got b_min={self.b_min} b_max={self.b_max}")
         if self.max_ufps < 0:
             raise ConfigError(f"max_ufps must be >= 0, got {self.max_ufps}")
-        if self.beam < 1:
-            raise ConfigError(f"beam must be at least 1, got {self.beam}")
         if self.top_k < 2 or self.top_k < self.b_max + 1:
             raise ConfigError(f"top_k must be >= max(2, b_max + 1) = {max(2, self.b_max + 1)}, got {self.top_k}")
         # Rule: the budget never cuts branch 0, so it must at least hold the drafted block.
@@ -165,10 +147,6 @@ class DecodeConfig:
     def depth(self) -> int:
         """Maximum tree depth: the drafted tokens per block."""
         return self.k - 1
-
-    @property
-    def scale(self) -> float:
-        return self.margin_scale if self.margin_scale is not None else max(self.tau_margin, 1e-9)
 
     def with_(self, **changes) -> "DecodeConfig":
         return replace(self, **changes)

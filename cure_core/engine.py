@@ -1,7 +1,7 @@
 """The decoding loop: one generator for every strategy, one Block per target forward.
 
 Each iteration reads as the named steps of DESIGN.md:
-    draft -> tree (UFPs, budget, repair branches, trie) -> verify (one target pass) -> commit
+    plan (the policy: budget, draft, tree) -> verify (one target pass) -> commit -> learn (the policy)
 The root of every tree is the last emitted token, not yet in the target's KV cache; the target's
 forward over [root, tree nodes] both verifies the tree and produces the next root (the bonus).
 """
@@ -21,11 +21,8 @@ from .drafters.base import Drafter
 from .errors import CureError
 from .lm import CachedLM, padded_size
 from .metrics import common_prefix
-from .lookup import Graft, LookupStats, NgramIndex
-from .redraft_price import RedraftPrice
-from .calibration import NodeCalibration
-from .strategies import (CHAIN_STRATEGIES, admits, build_tree, floors, calibrates, drafted_steps, path_nodes,
-                         prices_redraft_pass, propose, stops_drafting, uses_lookup)
+from .policies import Policy, make_policy
+from .strategies import CHAIN_STRATEGIES, drafted_steps
 from .tree import DraftTree, greedy_accept, sample_accept
 
 
@@ -79,8 +76,8 @@ class CachedPrefix:
 
 class Engine:
     """Decodes with one ModelPair under any DecodeConfig, and keeps what it learns between generations:
-    the budget tuner of each config (chat turns and bench prompts share it), the target's KV
-    buffers of each execution layout and, when asked, the last generation's cached prefix (chat).
+    the tree policy of each policy key, with its learners (chat turns and bench prompts share it), the
+    target's KV buffers of each execution layout and, when asked, the last generation's cached prefix (chat).
     `cfg` given here is the default for `generate`."""
 
     def __init__(self, pair: ModelPair, cfg: DecodeConfig | None = None):
@@ -89,39 +86,34 @@ class Engine:
         if cfg is not None:
             pair.drafter_for(cfg.strategy)                    # fail early: the strategy needs its drafter
         self._targets: dict[tuple, CachedLM] = {}             # (hidden layers, kv layout, compile) -> cache
-        self._tuners: dict[DecodeConfig, BudgetTuner] = {}    # tuner_key(cfg) -> its tuner
-        self._lookups: dict[DecodeConfig, LookupStats] = {}   # tuner_key(cfg) -> lookup acceptance (cfg.lookup)
-        self._prices: dict[DecodeConfig, RedraftPrice] = {}   # tuner_key(cfg) -> its re-draft pass at a fixed budget
-        self._calibrations: dict[DecodeConfig, NodeCalibration] = {}   # tuner_key(cfg) -> node acceptance (calibrate)
+        self._policies: dict[DecodeConfig, Policy] = {}       # policy_key(cfg) -> its policy
         self._kept: CachedPrefix | None = None                # the last generation's caches (reuse_prefix)
         self._started = 0                                     # generations started: the newest owns the caches
 
-    # Rule: a tuner learns acceptance and costs for one tree policy on one execution path; the length,
-    # seed and temperature of a generation do not change either, so they share it.
+    # Rule: a policy learns acceptance and costs for one tree rule on one execution path; the length, seed
+    # and temperature of a generation do not change either, so they share it.
     @staticmethod
-    def tuner_key(cfg: DecodeConfig) -> DecodeConfig:
+    def policy_key(cfg: DecodeConfig) -> DecodeConfig:
         return cfg.with_(max_new_tokens=1, seed=0, temperature=0.0, stop_at_eos=True)
+
+    def policy_for(self, cfg: DecodeConfig) -> Policy:
+        """The tree policy `cfg` decodes with, kept across generations."""
+        key = self.policy_key(cfg)
+        if key not in self._policies:
+            drafter = self.pair.drafter_for(cfg.strategy)
+            tuner = self._make_tuner(key) if cfg.auto_budget and drafter is not None else None
+            self._policies[key] = make_policy(key, drafter, tuner)
+        return self._policies[key]
 
     @property
     def tuner(self) -> BudgetTuner | None:
         """The default config's budget tuner, once a generation has made it."""
-        return self._tuners.get(self.tuner_key(self.cfg))
+        policy = self._policies.get(self.policy_key(self.cfg))
+        return policy.tuner if policy is not None else None
 
     def tuner_for(self, cfg: DecodeConfig) -> BudgetTuner | None:
         """The budget tuner `cfg` decodes with (kept across generations); None without `v_max` auto."""
-        if not cfg.auto_budget or self.pair.drafter_for(cfg.strategy) is None:
-            return None
-        key = self.tuner_key(cfg)
-        if key not in self._tuners:
-            self._tuners[key] = self._make_tuner(cfg)
-        return self._tuners[key]
-
-    def fixed_price_for(self, cfg: DecodeConfig) -> RedraftPrice | None:
-        """At a fixed budget, what best-first cure's re-draft pass has measured (kept across generations, as a
-        tuner is); None where the tuner prices the pass (`v_max` auto) or no pass is priced."""
-        if cfg.auto_budget or not prices_redraft_pass(cfg, self.pair.drafter_for(cfg.strategy)):
-            return None
-        return self._prices.setdefault(self.tuner_key(cfg), RedraftPrice())
+        return self.policy_for(cfg).tuner
 
     def target_for(self, cfg: DecodeConfig) -> CachedLM:
         drafter = self.pair.drafter_for(cfg.strategy)
@@ -140,8 +132,7 @@ class Engine:
         wider = [] if cfg.strategy in CHAIN_STRATEGIES else [s for s in SIZES if cfg.depth < s < cfg.v_max] + [cfg.v_max]
         # A sequential (AR) drafter takes one step per drafted position (strategies.drafted_steps), so its
         # tuner prices drafting per step.
-        sequential = getattr(self.pair.drafter_for(cfg.strategy), "sequential", False)
-        steps = (lambda v: drafted_steps(cfg, v)) if sequential else None
+        steps = (lambda v: drafted_steps(cfg, v)) if self.pair.drafter_for(cfg.strategy).sequential else None
         return BudgetTuner(curve, sorted(set(shorter + wider)), steps=steps)
 
     def generate(self, prompt_ids: Sequence[int], cfg: DecodeConfig | None = None, *,
@@ -213,15 +204,8 @@ class Engine:
                                   f"(no room to generate)")
         gen = torch.Generator().manual_seed(cfg.seed)
         eos = set(self.pair.eos_ids) if cfg.stop_at_eos else set()
-        tuner = self.tuner_for(cfg)
-        price = self.fixed_price_for(cfg) if drafter is not None else None
-        lookup = self._lookups.setdefault(self.tuner_key(cfg), LookupStats()) if uses_lookup(cfg) else None
-        extends = tuner is not None and drafter is not None and admits(cfg)     # nodes past the budget
-        floored = tuner is not None and drafter is not None and floors(cfg, drafter)   # alternatives that pay
-        calibration = (self._calibrations.setdefault(self.tuner_key(cfg), NodeCalibration())
-                       if drafter is not None and calibrates(cfg) else None)
-        sequential = getattr(drafter, "sequential", False)
-        now = _clock(target.device, sync=timings or tuner is not None or price is not None)
+        policy = self.policy_for(cfg)
+        now = _clock(target.device, sync=timings or policy.timed)
 
         # Step 0. Prefill: every prompt token but the last; the last becomes the first root. With a cached
         # prefix, the caches are truncated to the shared prefix and only the rest is prefilled.
@@ -230,9 +214,9 @@ class Engine:
         # A static cache holds the whole generation plus one tree of scratch rows (padded for static shapes).
         capacity = min(len(prompt) + cfg.max_new_tokens, limit) + padded_size(cfg.v_max + 1) + 2
         reused = self._reusable(previous, state, context, capacity)
-        if drafter is not None and hasattr(drafter, "compile_for"):
-            # Rule: a compiled generation runs the drafter's block passes over static shapes too, compiled, sized
-            # for the same generation (DFlashDrafter.compile_for); any other generation runs plain passes.
+        if drafter is not None:
+            # Rule: a compiled generation runs the drafter's passes over static shapes too, compiled, sized for
+            # the same generation (DFlashDrafter.compile_for); any other generation runs plain passes.
             drafter.compile_for(capacity if cfg.compile else None)
         if reused:
             target.truncate(reused)
@@ -247,17 +231,14 @@ class Engine:
                 drafter.advance(context[reused:], hidden)
             else:
                 drafter.reset(context, hidden)
-            # Rule: the drafter takes in the prompt here, inside the prefill step and its time (time to first
-            # token, as the target's prompt pass), not in the first block's drafting; a first block that
-            # drafted the whole prompt cost 3-4 blocks' drafting and, counted as decode, was a generation's
-            # cost that no block causes. Skipped where the tuner's last budget was 0: it may not draft at all.
-            if tuner is None or tuner.last_choice > 0:
-                drafter.prefill()
+        # Rule: the drafter takes in the prompt here, inside the prefill step and its time (time to first token,
+        # as the target's prompt pass), not in the first block's drafting (Policy.start says whether it drafts).
+        if policy.start(context, cfg):
+            drafter.prefill()
         state.target_ids = list(context)
         state.drafter_ids = list(context)
         state.reused = reused
         root = prompt[-1]
-        ngrams = NgramIndex(cfg.lookup_ngram, context) if lookup is not None else None   # = state.target_ids
         prefill_ms = (now() - t0) * 1e3
         new = 0
         index = 0
@@ -265,61 +246,11 @@ class Engine:
             ctx = target.committed
             # Rule: emitted tokens (accepted + bonus) must fit both max_new_tokens and the context.
             room = min(cfg.depth, limit - ctx - 2, cfg.max_new_tokens - new - 1)
-            budget = tuner.choose() if tuner is not None else cfg.v_max
-            # nodes past the budget where they pay (BudgetTuner.admission)
-            admit = tuner.admission(budget) if extends else ()
-            steps = drafted_steps(cfg, budget) if tuner is not None else cfg.depth
-            clipped = room < steps                        # the generation's end, not the budget, bounds this block
-            block_cfg = cfg
-            if tuner is not None:
-                # budget 0: no draft this block, the target steps alone. A tree that admits nodes past its budget
-                # over a block-parallel drafter is drafted whole: the nodes it admits are mostly deeper.
-                room = min(room, cfg.depth if admit and not sequential else steps)
-                if 0 < steps < cfg.depth:                 # a shorter block, K = steps + 1 (repairs if budget > steps)
-                    block_cfg = cfg.with_(k=steps + 1, v_max=budget)
-                elif steps:
-                    block_cfg = cfg.with_(v_max=budget)
 
-            # Step 1. Draft a block.
-            t_draft = now()
-            draft_stop = tuner.draft_stop(budget) if tuner is not None and stops_drafting(cfg, drafter) else None
-            proposal = (propose(block_cfg, drafter, root, room, draft_stop)
-                        if drafter is not None and room > 0 else None)
-
-            # Steps 2-5. UFPs, branch budget, repair branches (re-drafted inside), trie under V_max.
-            t_tree = now()
-            graft = None
-            if ngrams is not None:
-                ngrams.extend([root])                      # the root is committed below, whatever is accepted
-            if lookup is not None and proposal is not None:
-                tokens = ngrams.continuation(min(cfg.lookup, len(proposal.tokens)))   # over target_ids + [root]
-                graft = Graft(tokens, lookup.path_logp(len(tokens))) if tokens else None
-            # the re-draft pass runs where it pays (redraft_price.py): at the tuner's predicted rate for the
-            # budget, or at a fixed budget the rate its recent blocks measured
-            if price is not None:
-                redraft = price.pays(budget, price.measured_rate)
-            elif tuner is not None and budget > 0 and prices_redraft_pass(cfg, drafter):
-                redraft = tuner.redraft_pays(budget)
-            else:
-                redraft = True
-            # the lookup graft goes in while it wins acceptance at this budget (calibration.FlipGains); at T=0
-            # the tree with it flipped is built too (FlipGains.measures: every block, then every few), to measure it
-            graft_on = lookup is None or lookup.flips.allows(budget)
-            # best-first cure scores a lower candidate's log-prob at the weight its acceptance earned, at budgets
-            # where that wins (calibration.py); at T=0 the tree with the other weight is measured the same way
-            fitted = calibration.weight() if calibration is not None else 1.0
-            weighs = fitted != 1.0 and calibration.flips.allows(budget)
-            greedy = cfg.temperature == 0
-            # nodes off the drafted chain join where they pay for their row (BudgetTuner.alt_floor)
-            floor = tuner.alt_floor(budget) if floored else -math.inf
-            plan = build_tree(block_cfg, proposal, drafter, graft, redraft, graft_on,
-                              flip=graft is not None and greedy and lookup.flips.measures(budget), admit=admit,
-                              weight=fitted if weighs else 1.0,
-                              floor=floor,
-                              weight_alt=(1.0 if weighs else fitted)
-                              if fitted != 1.0 and greedy and calibration.flips.measures(budget) else None)
+            # Step 1-5. Plan: the budget, the drafted block, the tree (the policy's rule).
+            plan = policy.plan(root, room, now)
             tree = plan.tree
-            t_tree_end = now()
+            t_plan = now()
 
             # Step 6. Verify: one target forward over [root, nodes]; node i is scratch row i + 1.
             fwd = target.forward([root] + tree.tokens, [-1] + [p + 1 for p in tree.parents])
@@ -334,10 +265,7 @@ class Engine:
             # Step 7. Commit: keep exactly root + accepted nodes in the target cache; resync the drafter.
             target.commit([0] + [i + 1 for i in path])
             state.target_ids += [root] + [tree.tokens[i] for i in path]
-            if ngrams is not None:
-                ngrams.extend([tree.tokens[i] for i in path])
             branch0 = _branch0_chain(tree)
-            a0 = common_prefix(path, branch0)
             resync_nodes = path if cfg.resync else [branch0[d] if d < len(branch0) else path[d]
                                                     for d in range(len(path))]
             resync_tokens = [tree.tokens[i] for i in resync_nodes]
@@ -345,93 +273,38 @@ class Engine:
                 hidden = fwd.hidden[[0] + [i + 1 for i in resync_nodes]] if fwd.hidden is not None else None
                 drafter.advance([root] + resync_tokens, hidden)
                 state.drafter_ids += [root] + resync_tokens
-            # the target's path from the root: accepted tokens + bonus (at T=0 its greedy continuation, which
-            # any other tree for this block would have accepted as far as it holds it)
-            walked = [tree.tokens[i] for i in path] + [bonus]
-            emitted, stop = _cut(walked, cfg.max_new_tokens - new, len(prompt) + new, limit, eos)
-            accepted = set(path)
-            # what best-first cure learns from the block (its node weight, its lookup graft) is its own
-            # host work: it is timed in the commit phase, which ends here
-            if calibration is not None and cfg.temperature == 0 and plan.ranks:
-                calibration.observe(plan.ranks, plan.logq, tree.parents, accepted)
-                if plan.weight_alt is not None:          # what the fitted weight won or lost this block
-                    calibration.flips.observe(budget, weighs, len(path), len(path_nodes(plan.weight_alt, walked)))
-            if lookup is not None and plan.lookup_nodes:
-                lookup.observe(plan.lookup_nodes, accepted)
-            if plan.lookup_alt is not None:                # T=0: what the graft won or lost this block
-                lookup.flips.observe(budget, plan.grafted, len(path), len(path_nodes(plan.lookup_alt, walked)))
+            # the target's path from the root: accepted tokens + bonus
+            emitted, stop = _cut([tree.tokens[i] for i in path] + [bonus], cfg.max_new_tokens - new,
+                                 len(prompt) + new, limit, eos)
             t_commit = now()
-            nodes = tuple(TreeNode(token=tree.tokens[i], parent=tree.parents[i], depth=tree.depths[i],
-                                   branch=tree.branches[i], accepted=i in accepted) for i in range(len(tree)))
-            winner = tree.branches[path[-1]] if path else 0
+            accepted = set(path)
+            proposal = plan.proposal
             block = Block(
                 index=index, strategy=cfg.strategy, context_len=ctx, root=root,
                 draft=tuple(proposal.tokens) if proposal is not None else (),
                 margins=proposal.margins if proposal is not None else (),
-                ufps=plan.ufps, nodes=nodes, accepted=tuple(path), winner=winner,
-                branch0_accepted=a0, bonus=bonus, emitted=tuple(emitted),
+                ufps=plan.ufps, nodes=tuple(TreeNode(token=tree.tokens[i], parent=tree.parents[i],
+                                                     depth=tree.depths[i], branch=tree.branches[i],
+                                                     accepted=i in accepted) for i in range(len(tree))),
+                accepted=tuple(path), winner=tree.branches[path[-1]] if path else 0,
+                branch0_accepted=common_prefix(path, branch0), bonus=bonus, emitted=tuple(emitted),
                 resync=Resync(mode=("winner" if cfg.resync else "branch0") if drafter is not None else "none",
                               tokens=tuple(resync_tokens)),
                 timings=Timings(prefill_ms=prefill_ms if index == 0 else 0.0,
                                 prefill_tokens=len(context) - reused if index == 0 else 0,
                                 reused_tokens=reused if index == 0 else 0,
-                                # re-drafting repair suffixes is drafter compute: it counts as draft time
-                                draft_ms=(t_tree - t_draft) * 1e3 + plan.redraft_ms,
-                                tree_ms=(t_tree_end - t_tree) * 1e3 - plan.redraft_ms,
-                                verify_ms=(t_verify - t_tree_end) * 1e3, commit_ms=(t_commit - t_verify) * 1e3),
-                stop=stop, meta=self._budget_meta(tuner, budget, cfg, draft_stop, redraft,
-                                                  graft is not None and not graft_on, len(tree) - budget, floor))
-            if plan.unrepaired is not None and cfg.temperature == 0 and (tuner is not None or price is not None):
-                # what the re-draft pass won: the target's greedy path (accepted + bonus) walked down the
-                # tree before the pass holds `held` of its tokens, and that tree would have accepted them
-                held = len(path_nodes(plan.unrepaired, walked))
-                (tuner.observe_redraft if tuner is not None else price.observe)(budget, len(path) - held,
-                                                                                 plan.redraft_ms)
-            if price is not None:
-                price.observe_block(len(path) + 1, (t_commit - t_draft) * 1e3)
-            if tuner is not None:
-                # under a draft stop the tuner learns how the chain's draft log-probs predict acceptance (of
-                # the chain's depths the tree holds: those the target could accept)
-                # (and where the tree could admit nodes past its budget: `calibration` prices them)
-                chain_logp = (proposal.top_logprobs[: len(branch0), 0].tolist()
-                              if (draft_stop is not None or admit or floored) and proposal is not None else None)
-                tuner.observe(block, budget, clipped, chain_logp)
+                                draft_ms=plan.draft_ms, tree_ms=plan.tree_ms,
+                                verify_ms=(t_verify - t_plan) * 1e3, commit_ms=(t_commit - t_verify) * 1e3),
+                stop=stop, meta=plan.meta)
+
+            # Step 8. Learn: what the verified block teaches the policy (budget, acceptance, re-draft price).
+            block.meta.update(policy.learn(plan, block))
             yield block
             new += len(emitted)
             index += 1
             if stop is not None:
                 return
             root = bonus
-
-    @staticmethod
-    def _budget_meta(tuner: BudgetTuner | None, budget: int, cfg: DecodeConfig, draft_stop: float | None = None,
-                     redraft: bool = True, withheld: bool = False, past: int = 0,
-                     floor: float = -math.inf) -> dict:
-        meta = {} if tuner is None else {"v_max": budget, "predicted_speedup": tuner.last_prediction,
-                                         "tuning": tuner.last_phase}
-        if withheld:
-            meta["lookup"] = "withheld"                  # LookupStats.flips: the graft lost acceptance here
-        if tuner is None:
-            if not redraft:
-                meta["redraft"] = "skipped"              # a fixed budget's RedraftPrice: it would not pay
-            return meta
-        if not redraft:
-            meta["redraft"] = "skipped"                  # BudgetTuner.redraft_pays: the pass would not pay
-        if draft_stop is not None:
-            meta["draft_stop"] = round(math.exp(draft_stop), 4)   # the chain probability it drafted down to
-        if floor > -math.inf:
-            meta["alt_floor"] = round(math.exp(floor), 4)        # the joint draft probability an alternative needed
-        if past > 0:
-            meta["admitted"] = past                      # nodes past the budget (BudgetTuner.admission)
-        if budget == 0:
-            # What budget 0 was chosen over (Block.no_draft_reason), with the fixed settings that force it:
-            # a budget below K-1 is a shorter block (K = budget + 1), as the tuner runs it.
-            best = tuner.best_tree()
-            meta["best_tree"] = None if best is None else {
-                "v_max": best[0], "k": best[0] + 1 if best[0] < cfg.depth else None,     # None: the K set
-                "predicted_speedup": round(best[1], 4)}
-        return meta
-
 
 
 def _cut(emitted: list[int], room: int, length: int, limit: int, eos: set[int]):

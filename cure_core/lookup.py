@@ -2,20 +2,14 @@
 
 A drafter that knows code misses what prose and word problems repeat: the question's numbers, a name,
 a phrase. Prompt lookup drafts by copying (the idea behind transformers' `prompt_lookup_num_tokens`):
-find the latest earlier occurrence of the last n tokens (n = `lookup_ngram` down to 1) and propose the
+find the latest earlier occurrence of the last n tokens (n = policies.LOOKUP_NGRAM down to 1) and propose the
 tokens that followed it. In best-first cure that path joins the heap beside the drafter's tables
 (strategies.best_first `path`); its nodes are scored by how often lookup tokens at that depth were
 accepted so far (LookupStats), so they compete with the drafter's nodes for the budget instead of
 taking it. Verification is the same tree pass, so output stays lossless.
 
-Whether the graft goes in at all is measured, per budget (LookupStats.flips): a grafted node takes the
-place of a drafter node, and where the drafter is the better guess the graft costs acceptance. On the
-1.5B pair's PARD drafter at its 4-node trees it did on every set (accepted tokens a block 1.735 against
-1.747 without it on HumanEval, 1.689 / 1.712 on GSM8K, 0.951 / 0.969 on chat;
-benchmarks/results/lookup_ab_qwen15b_cpu). At T=0 the gain of a block is known without a second
-verification: the tree with the graft flipped (TreePlan.lookup_alt) would have accepted as much of the
-target's greedy path (accepted tokens + bonus) as it holds, so every block with a continuation measures
-it, grafted or not, and no probe is needed.
+The graft's score is already what the acceptance model ranks the drafter's nodes by, P(accepted | parent
+accepted), so it takes the budget only where it is the likelier guess.
 """
 from __future__ import annotations
 
@@ -25,7 +19,6 @@ from typing import Sequence
 
 import numpy as np
 
-from .calibration import FlipGains
 
 
 @dataclass(frozen=True)
@@ -88,12 +81,11 @@ class LookupStats:
     """Acceptance of lookup tokens by depth along their path: tried (its parent was accepted) and
     accepted. Rule: the score of the i-th lookup token is log P(accepted | parent accepted), estimated
     with one prior success and one prior failure (so an unseen depth scores log 1/2), kept over one
-    engine's generations like the budget tuner. Whether to graft at all: `flips`."""
+    engine's generations like the budget tuner: on the acceptance model's scale (acceptance.py), so a graft
+    competes with the drafter's nodes in the same units."""
     tried: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
     _path: list[float] = field(default_factory=list, repr=False, compare=False)   # path_logp's, until observe
-    # per budget, whether the graft goes in: what it won against the tree without it (calibration.FlipGains)
-    flips: FlipGains = field(default_factory=FlipGains, repr=False, compare=False)
 
     def logp(self, depth: int) -> float:
         """log-prob of the lookup token at path depth `depth` (1-based) given its parent was accepted."""

@@ -41,9 +41,8 @@ T = TypeVar("T")
 
 
 def own_or_pooled(by_budget: dict[int, Sequence[T]], v: int, least: int) -> Sequence[T]:
-    """Budget v's own evidence where it holds `least` items, else every budget's pooled. Rule, shared by the
-    re-draft pass's price (RedraftPrice.pays) and the tree choices' gates (calibration.FlipGains): each budget
-    the tuner moves to does not learn again what the others already showed."""
+    """Budget v's own evidence where it holds `least` items, else every budget's pooled. Rule: each budget the
+    tuner moves to does not learn again what the others already showed."""
     own = by_budget.get(v, ())
     return own if len(own) >= least else [x for got in by_budget.values() for x in got]
 

@@ -1,15 +1,15 @@
-"""Tree construction per strategy, from one drafted block.
+"""The tree builders, one per tree rule, from one drafted block. Each takes the plan's inputs only (the
+proposal, the drafter where it re-drafts, the block's node budget and the rule's own parameters);
+which rule a strategy runs, and what it learns, is its policy's (policies.py).
 
-  ar        no tree: the target verifies the root alone and emits its next token
-  sd        branch 0 only (an autoregressive draft model's chain)
-  parallel  branch 0 only (the block-parallel draft)
-  cure      best-first (default): nodes by joint draft log-prob, as ddtree, but lower candidates' log-probs
-            weighted by the acceptance the target showed (calibration.py), and the subtrees under the best
-            substitutions (non-top-1 tokens) re-drafted conditioned on them, the re-drafted log-probs
-            competing for the budget in the same heap
-            paper: branch 0 + repair branches at Uncertainty Focal Points, suffixes re-drafted
-  ddtree    best-first over the drafter's per-position top-k log-probs, no re-drafting: the reference
-            rule (liranringel/ddtree, Algorithm 1), no per-depth width cap, children limited by the budget
+  chain       branch 0 only: sd (an autoregressive draft model's chain), parallel (the block-parallel draft)
+  ddtree      best-first over the drafter's per-position top-k log-probs, no re-drafting: the reference
+              rule (liranringel/ddtree, Algorithm 1), no per-depth width cap, children limited by the budget
+  best-first  cure's default: best-first as ddtree, but nodes ranked by the acceptance model's
+  cure        P(accepted | parent accepted) (acceptance.py) instead of the draft probability, and the subtrees
+              under the best substitutions (non-top-1 tokens) re-drafted conditioned on them, the re-drafted
+              candidates competing for the same budget in the same heap
+  paper cure  branch 0 + repair branches at Uncertainty Focal Points, suffixes re-drafted (the paper's)
 """
 from __future__ import annotations
 
@@ -17,159 +17,72 @@ import heapq
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
 from .block import UFP
 from .config import DecodeConfig
-from .drafters.base import DEFAULT_REDRAFTS, Drafter, Proposal, RedraftPolicy, chain_substitutions
+from .drafters.base import Drafter, Proposal, RedraftPolicy, chain_substitutions
 from .lookup import Graft
 from .tree import DraftTree
 
-
 CHAIN_STRATEGIES = ("sd", "parallel")       # branch 0 only
+PAPER_BEAM = 5                              # the paper tree: at most this many repair nodes at any depth
+
+# A node's score increment: (rank in its table, depth, its draft log-prob) -> log P(accepted | parent).
+# None: the draft log-prob itself (the reference rule).
+Score = Callable[[int, int, float], float]
 
 
-@dataclass(frozen=True)
+@dataclass
 class TreePlan:
+    """One block's tree and what built it. The builders fill the tree's part; the policy the rest."""
     tree: DraftTree
     ufps: tuple[UFP, ...] = ()
     redraft_ms: float = 0.0       # drafter compute spent re-drafting (cure only): it counts as draft time
     lookup_nodes: tuple[int, ...] = ()  # the node holding each grafted lookup token, shallow to deep, as far
                                         # as the tree holds the path (lookup.LookupStats learns from them)
-    unrepaired: DraftTree | None = None  # cure best-first after a re-draft pass: the tree before it (what the
+    unrepaired: DraftTree | None = None  # best-first cure after a re-draft pass: the tree before it (what the
                                          # block would have verified without the pass: redraft_price.py)
-    grafted: bool = False                # the lookup graft went into the heap (LookupStats.flips)
-    ranks: tuple[int, ...] = ()          # best-first cure: per node its rank in its table (-1: grafted)...
-    logq: tuple[float, ...] = ()         # ...and its own draft log-prob (calibration.NodeCalibration learns them)
-    weight_alt: DraftTree | None = None  # best-first cure: the tree with the other node weight, where it is exactly
-                                         # what the block would have verified otherwise (NodeCalibration.flips)
-    lookup_alt: DraftTree | None = None  # the tree with the graft flipped (without it where grafted, with it where
-                                         # withheld), where it is exactly what the block would have verified
-                                         # otherwise (no re-draft pass ran): what LookupStats.flips learns from
+    ranks: tuple[int, ...] = ()          # best-first: per node its rank in its table (-1: grafted)...
+    logq: tuple[float, ...] = ()         # ...and its own draft log-prob (acceptance.AcceptanceModel learns them)
+    # --- the policy's part ---
+    proposal: Proposal | None = None     # the drafted block (None: no draft this block)
+    budget: int = 0                      # the block's node budget (the tuner's choice, or v_max)
+    clipped: bool = False                # the generation's end, not the budget, bounded this block
+    draft_ms: float = 0.0                # drafting, re-drafts included
+    tree_ms: float = 0.0                 # building the tree, re-drafts excluded
+    meta: dict = field(default_factory=dict)   # what the block records of the policy's choices (Block.meta)
 
 
-def best_first_tree(cfg: DecodeConfig) -> bool:
-    """ddtree and best-first cure spend the budget node by node over per-position top-k."""
-    return cfg.strategy == "ddtree" or (cfg.strategy == "cure" and cfg.cure_tree == "best-first")
-
-
-def proposal_width(cfg: DecodeConfig, budget: int) -> int:
+def proposal_width(best_first_rule: bool, top_k: int, budget: int) -> int:
     """Candidates per drafted position. Rule: a best-first tree may give one node as many children as the
     budget holds (the reference takes top-min(budget, vocab)); the paper tree grafts at most b_max."""
-    return max(cfg.top_k, budget) if best_first_tree(cfg) else cfg.top_k
-
-
-def uses_lookup(cfg: DecodeConfig) -> bool:
-    """Rule: prompt lookup grafts into best-first cure only (ddtree stays the reference rule, the paper tree
-    the paper's)."""
-    return cfg.lookup > 0 and cfg.strategy == "cure" and cfg.cure_tree == "best-first"
-
-
-def calibrates(cfg: DecodeConfig) -> bool:
-    """Rule: best-first cure ranks nodes by the acceptance the target showed (`calibrate`; calibration.py);
-    ddtree stays the reference rule, the paper tree the paper's."""
-    return cfg.calibrate and cfg.strategy == "cure" and cfg.cure_tree == "best-first"
-
-
-def admits(cfg: DecodeConfig) -> bool:
-    """Rule: best-first cure under `--v-max auto` takes nodes past the tuner's budget while they pay
-    (`admit`; BudgetTuner.admission). ddtree stays the reference rule, the paper tree the paper's, and a fixed
-    budget is the user's."""
-    return cfg.admit and cfg.auto_budget and cfg.strategy == "cure" and cfg.cure_tree == "best-first"
-
-
-def floors(cfg: DecodeConfig, drafter) -> bool:
-    """Rule: best-first cure under `--v-max auto` verifies a node off its drafted chain only where it pays for
-    its row (`alt_floor`; BudgetTuner.alt_floor), where the chain's own positions were priced too: over a
-    sequential drafter under the draft stop (`stops_drafting`). Over a block-parallel drafter the block's
-    chain comes whole, however unlikely its deep positions, and a floor on the alternatives alone handed their
-    rows to worse chain nodes (the default pair's tuning prompts: 0.991x; benchmarks/results/alt_floor_ab_cpu).
-    ddtree stays the reference rule, the paper tree the paper's, and a fixed budget is the user's."""
-    return cfg.alt_floor and cfg.auto_budget and stops_drafting(cfg, drafter)
+    return max(top_k, budget) if best_first_rule else top_k
 
 
 def drafted_steps(cfg: DecodeConfig, budget: int) -> int:
     """Positions drafted, at most, for a tuner's budget of `budget` nodes (0: no draft, the target steps
     alone). Rule: min(budget, K-1), a shorter block; larger budgets leave room for width and repairs.
     (Best-first cure over a sequential drafter may stop sooner, where its chain gets unlikely:
-    `draft_stop`.) Drafting ceil(budget / 2) positions for cure there, the rest of the budget repairs,
-    was measured on held-out prompts and lost depth on code (benchmarks/results/peers60_qwen15b_halfdepth_cpu)."""
+    `draft_stop`.)"""
     return min(budget, cfg.depth) if budget > 0 else 0
 
 
-def stops_drafting(cfg: DecodeConfig, drafter) -> bool:
-    """Rule: best-first cure over a sequential drafter drafts position by position only while the chain
-    is likely enough to pay for the next step (`draft_stop`); the budget it does not spend on depth goes
-    to width and re-drafted repairs. Block-parallel drafters draft their block in one pass (nothing to
-    save), and ddtree / sd stay their reference rules."""
-    return (cfg.draft_stop and cfg.strategy == "cure" and cfg.cure_tree == "best-first"
-            and getattr(drafter, "sequential", False))
-
-
-def redraft_policy(cfg: DecodeConfig, drafter) -> RedraftPolicy:
+def redraft_policy(cfg: DecodeConfig, drafter: Drafter) -> RedraftPolicy:
     """Best-first cure's re-drafts: the config's `redrafts` / `redraft_weight` where set, else the drafter's."""
-    own = getattr(drafter, "redraft_policy", DEFAULT_REDRAFTS)
+    own = drafter.redraft_policy
     return RedraftPolicy(count=own.count if cfg.redrafts is None else cfg.redrafts,
                          weight=own.weight if cfg.redraft_weight is None else cfg.redraft_weight)
 
 
-def prices_redraft_pass(cfg: DecodeConfig, drafter) -> bool:
-    """Rule: best-first cure's re-draft pass (a drafter that does not re-draft inside its chain's steps:
-    block-parallel) runs only where it pays (redraft_price.py: at the tuner's budget or a fixed one), unless
-    the config asks for it on every block (`redraft_pass` always)."""
-    return (cfg.strategy == "cure" and cfg.cure_tree == "best-first" and cfg.redraft_pass == "priced"
-            and not getattr(drafter, "redrafts_while_drafting", False))
-
-
-def redrafts_while_drafting(cfg: DecodeConfig, drafter, n: int) -> int:
-    """Substitutions the drafter re-drafts inside its proposal (Drafter.propose_with_redrafts), 0 for none.
-    Rule: only best-first cure with a causal chain drafter (which can batch them into the chain's own
-    steps), and only when the budget leaves room past the n drafted nodes: a budget <= n is a shorter
-    block, whose tree would rarely reach below a substitute."""
-    if cfg.strategy != "cure" or cfg.cure_tree != "best-first" or not getattr(drafter, "redrafts_while_drafting", False):
-        return 0
-    return redraft_policy(cfg, drafter).count if cfg.v_max > n else 0
-
-
-def propose(cfg: DecodeConfig, drafter: Drafter, root: int, n: int, stop_logp: float | None = None) -> Proposal:
-    """Draft one block of n positions as `cfg`'s tree will need it (width; re-drafts in the same steps).
-    `stop_logp` (stops_drafting): a chain drafter stops once its chain's joint log-prob falls below it, and
-    then drafts its re-drafts too whatever the budget, since a stopped chain leaves the budget room."""
-    width = proposal_width(cfg, cfg.v_max)
-    if stop_logp is not None:                     # given only where stops_drafting (the engine's rule)
-        return drafter.propose_with_redrafts(root, n, width, redraft_policy(cfg, drafter).count, stop_logp)
-    count = redrafts_while_drafting(cfg, drafter, n)
-    return drafter.propose_with_redrafts(root, n, width, count) if count else drafter.propose(root, n, width)
-
-
-def build_tree(cfg: DecodeConfig, proposal: Proposal | None, drafter: Drafter | None,
-               graft: Graft | None = None, redraft: bool = True, graft_on: bool = True,
-               flip: bool = False, admit: Sequence[float] = (), weight: float = 1.0,
-               weight_alt: float | None = None, floor: float = -math.inf) -> TreePlan:
-    """The block's tree. `redraft=False`: best-first cure skips its re-draft pass (the tuner's
-    `redraft_pays` or a fixed budget's RedraftPrice), so the tree is ddtree's (with the lookup graft).
-    `graft_on=False`: the lookup continuation `graft` stays out of the heap (LookupStats.flips);
-    `flip`: also build the tree with it flipped (TreePlan.lookup_alt), to measure what it wins.
-    `admit`: best-first cure's nodes past the budget (best_first; BudgetTuner.admission), in every tree it
-    builds, so what the re-draft pass and the graft win is measured between trees of the same rule.
-    `weight`: best-first cure's weight of a lower candidate's log-prob (calibration.NodeCalibration), in every
-    tree it builds; `weight_alt`: also build the tree with that weight instead (TreePlan.weight_alt).
-    `floor`: best-first cure's score a node off the drafted chain needs (best_first; BudgetTuner.alt_floor),
-    in every tree it builds."""
-    if cfg.strategy == "ar" or proposal is None:
-        return TreePlan(DraftTree())
-    if cfg.strategy in CHAIN_STRATEGIES:
-        tree = DraftTree()
+def chain_tree(proposal: Proposal | None) -> DraftTree:
+    """sd / parallel: the drafted block as one path, branch 0."""
+    tree = DraftTree()
+    if proposal is not None:
         tree.add_path(proposal.tokens, branch=0)
-        return TreePlan(tree)
-    if cfg.strategy == "cure" and cfg.cure_tree == "paper":
-        return build_cure_tree(cfg, proposal, drafter)
-    if cfg.strategy == "cure":
-        return build_cure_best_first(cfg, proposal, drafter, graft, redraft, graft_on, flip, admit, weight,
-                                     weight_alt, floor)
-    return TreePlan(build_ddtree(cfg, proposal))
+    return tree
 
 
 # ---------------------------------------------------------------------------------------------
@@ -220,80 +133,90 @@ class Table:
 
 @dataclass
 class BestFirst:
-    """A best-first tree and, per node, what built it: its score (joint log-prob, lower candidates weighted),
-    its rank in the table it came from, its path of tokens from depth 1 (keys the re-drafted tables) and its
-    own log-prob (what calibration.NodeCalibration learns from)."""
+    """A best-first tree and, per node, what built it: its score, its rank in the table it came from, its path
+    of tokens from depth 1 (keys the re-drafted tables), its own draft log-prob (what the acceptance model
+    learns from) and its joint draft log-prob (what the alternatives' floor compares)."""
     tree: DraftTree = field(default_factory=DraftTree)
     scores: list[float] = field(default_factory=list)
     ranks: list[int] = field(default_factory=list)
     paths: list[tuple[int, ...]] = field(default_factory=list)
     logq: list[float] = field(default_factory=list)     # the node's own log-prob in its table (or the graft's)
+    raw: list[float] = field(default_factory=list)      # the node's joint draft log-prob (0 along a graft)
 
 
 PATH_RANK = 1 << 30        # heap ranks of grafted path tokens: after any table candidate at an equal score
 
 
 def best_first(base: Table, budget: int, under: dict[tuple[int, ...], Table] | None = None,
-               graft: Graft | None = None, admit: Sequence[float] = (), weight: float = 1.0,
-               floor: float = -math.inf) -> BestFirst:
-    """The `budget` nodes of highest joint draft log-prob (DDTree's Algorithm 1).
+               graft: Graft | None = None, score: Score | None = None, floor: float = -math.inf) -> BestFirst:
+    """The `budget` nodes of highest score (DDTree's Algorithm 1 where `score` is None: the joint draft log-prob).
 
-    A node at depth d holding the j-th candidate scores its parent's score + log q_d(candidate); every
-    candidate scores at most its parent, so the best `budget` form a tree. Lazily: popping a node pushes
-    its next sibling and its best child. Ties go to the lexicographically smaller rank path, as in the
-    reference. Children come from the table of the node's nearest ancestor-or-self with an entry in
-    `under` (keyed by token path: a re-drafted subtree), else from `base`. Impossible candidates
-    (log-prob -inf: masked ids) are never pushed.
+    A node at depth d holding the j-th candidate scores its parent's score + score(j, d, log q_d(candidate))
+    (<= 0), so every node scores at most its parent and the best `budget` form a tree. Lazily: popping a node
+    pushes its next sibling and its best child. Rule: a sibling's increment is capped at the one before it,
+    so siblings come off the heap in table order under any `score` and the lazy heap stays exact (the tree
+    is the best of its size under the capped scores; with the draft log-prob the cap never binds). Ties go
+    to the lexicographically smaller rank path, as in the reference. Children come from the table of the
+    node's nearest ancestor-or-self with an entry in `under` (keyed by token path: a re-drafted subtree),
+    else from `base`. Impossible candidates (log-prob -inf: masked ids) are never pushed.
     `graft` (cure: a prompt-lookup continuation) is one more source in the same heap: its i-th token
-    scores the (i-1)-th's score + graft.logp[i]; where a token is already in the tree the path goes on
-    under that node at no cost; a node it adds gets no table children (rank -1: never a substitution).
-    `admit` (BudgetTuner.admission): past `budget`, the (n+1)-th node still joins while its score is at least
-    admit[n] (n < len(admit)); scores only fall as the heap pops, so the tree is still the best of its size.
-    `weight` (best-first cure: calibration.NodeCalibration): a lower candidate (rank >= 1) adds weight x its
-    log-prob, a top-1 candidate its log-prob; 1 is the reference rule.
-    `floor` (best-first cure: BudgetTuner.alt_floor): a node off the base table's top-1 chain (a substitution,
-    or anything below one) joins only with a score of at least `floor`; the chain's own nodes and the graft's
-    are bounded by the budget alone. Its descendants score no more than it, so none is lost that could pass."""
+    scores the (i-1)-th's score + graft.logp[i] (already an acceptance log-prob); where a token is already
+    in the tree the path goes on under that node at no cost; a node it adds gets no table children (rank -1:
+    never a substitution).
+    `floor` (best-first cure over a chain drafter: BudgetTuner.alt_floor): a node off the base table's top-1
+    chain (a substitution, or anything below one) joins only with a joint DRAFT log-prob of at least
+    `floor`; the chain's own nodes and the graft's are bounded by the budget alone. Its descendants' joint
+    draft log-probs are no larger, so none is lost that could pass."""
+    inc = score if score is not None else (lambda rank, depth, logq: logq)
     under = under or {}
     out = BestFirst()
     tree = out.tree
     heap: list = []
     grafted: set[int] = set()
 
-    def push(score: float, ranks: tuple, parent: int, depth: int, rank: int, table: Table | None) -> None:
-        if score > -math.inf:
-            heapq.heappush(heap, (-score, ranks, parent, depth, rank, table))
+    # heap entry: (-score, rank path, parent, depth, rank, table, joint draft log-prob, this increment)
+    def push(s: float, ranks: tuple, parent: int, depth: int, rank: int, table: Table | None,
+             raw: float, step: float) -> None:
+        if s > -math.inf:
+            heapq.heappush(heap, (-s, ranks, parent, depth, rank, table, raw, step))
 
-    def add(token: int, parent: int, branch: int, score: float, rank: int, logq: float) -> int:
+    def add(token: int, parent: int, branch: int, s: float, rank: int, logq: float, raw: float) -> int:
         node = tree.add_node(token, parent, branch)          # callers checked the trie holds no such node
-        out.scores.append(score)
+        out.scores.append(s)
         out.ranks.append(rank)
         out.logq.append(logq)
+        out.raw.append(raw)
         out.paths.append((out.paths[parent] if parent >= 0 else ()) + (token,))
         return node
 
     if base.ids:
-        push(base.logp[0][0], (0,), -1, base.first, 0, base)
+        lq = base.logp[0][0]
+        step = inc(0, base.first, lq) if lq > -math.inf else -math.inf
+        push(step, (0,), -1, base.first, 0, base, lq, step)
     if graft is not None and graft.tokens:
-        push(graft.logp[0], (PATH_RANK, 0), -1, 1, 0, None)
-    while heap and (len(tree) < budget or (len(tree) < len(admit) and -heap[0][0] >= admit[len(tree)])):
-        neg, ranks, parent, depth, rank, table = heapq.heappop(heap)
-        score = -neg
+        push(graft.logp[0], (PATH_RANK, 0), -1, 1, 0, None, 0.0, graft.logp[0])
+    while heap and len(tree) < budget:
+        neg, ranks, parent, depth, rank, table, raw, step = heapq.heappop(heap)
+        s = -neg
         if table is None:                                   # the grafted path's rank-th token
             token = graft.tokens[rank]
             node = tree._child.get((parent, token))
             if node is None:
                 branch = tree.branches[parent] if parent in grafted else len(tree) + 1
-                node = add(token, parent, branch, score, -1, graft.logp[rank])
+                node = add(token, parent, branch, s, -1, graft.logp[rank], raw)
                 grafted.add(node)
             if rank + 1 < len(graft.tokens):
-                push(score + graft.logp[rank + 1], (PATH_RANK, rank + 1), node, depth + 1, rank + 1, None)
+                nxt = graft.logp[rank + 1]
+                push(s + nxt, (PATH_RANK, rank + 1), node, depth + 1, rank + 1, None, raw, nxt)
             continue
         row = depth - table.first
         logq = table.logp[row][rank]
-        if rank + 1 < len(table.ids[row]):                 # the next sibling candidate (rank >= 1: weighted)
-            push(score - (weight if rank else 1.0) * logq + weight * table.logp[row][rank + 1],
-                 ranks[:-1] + (rank + 1,), parent, depth, rank + 1, table)
+        parent_raw = raw - logq
+        if rank + 1 < len(table.ids[row]):                 # the next sibling candidate, capped at this one's
+            lq = table.logp[row][rank + 1]
+            if lq > -math.inf:
+                nxt = min(inc(rank + 1, depth, lq), step)
+                push(s - step + nxt, ranks[:-1] + (rank + 1,), parent, depth, rank + 1, table, parent_raw + lq, nxt)
         token = table.ids[row][rank]
         node = tree._child.get((parent, token))
         if node is not None and node not in grafted:        # a table repeating an id: one node, once
@@ -302,19 +225,21 @@ def best_first(base: Table, budget: int, under: dict[tuple[int, ...], Table] | N
         # descendants continue (what the UI colours as repairs).
         # (A branch is numbered by its first node: index + 1.)
         on_chain = rank == 0 and table is base and (parent < 0 or tree.branches[parent] == 0)
-        if node is None and not on_chain and score < floor:  # a new row off the chain that would not pay
+        if node is None and not on_chain and raw < floor:    # a new row off the chain that would not pay
             continue
         at = len(tree) if node is None else node
         branch = 0 if on_chain else (tree.branches[parent] if rank == 0 and parent >= 0 else at + 1)
         if node is None:
-            node = add(token, parent, branch, score, rank, logq)
+            node = add(token, parent, branch, s, rank, logq, raw)
         else:                                               # the graft took this token first: the table
             grafted.discard(node)                           # adopts its node and goes on under it
             tree.branches[node], out.ranks[node], out.logq[node] = branch, rank, logq
         child_table = under.get(out.paths[node], table)
         if depth < child_table.last():                    # its best child
-            push(score + child_table.logp[depth + 1 - child_table.first][0], ranks + (0,), node, depth + 1, 0,
-                 child_table)
+            lq = child_table.logp[depth + 1 - child_table.first][0]
+            if lq > -math.inf:
+                nxt = inc(0, depth + 1, lq)
+                push(s + nxt, ranks + (0,), node, depth + 1, 0, child_table, raw + lq, nxt)
     return out
 
 
@@ -373,9 +298,9 @@ def blend(base_ids: torch.Tensor, base_logp: torch.Tensor, base_first: int,
     return tables
 
 
-def build_ddtree(cfg: DecodeConfig, proposal: Proposal) -> DraftTree:
-    """The reference DDTree: best-first over the drafter's per-position top-k, budget v_max."""
-    return best_first(Table.of(proposal), cfg.v_max).tree
+def build_ddtree(proposal: Proposal, budget: int) -> DraftTree:
+    """The reference DDTree: best-first over the drafter's per-position top-k, `budget` nodes."""
+    return best_first(Table.of(proposal), budget).tree
 
 
 def substitutions(bf: BestFirst, depth_limit: int, count: int) -> list[int]:
@@ -387,35 +312,20 @@ def substitutions(bf: BestFirst, depth_limit: int, count: int) -> list[int]:
     return sorted(subs, key=lambda i: -bf.scores[i])[:count]
 
 
-def build_cure_best_first(cfg: DecodeConfig, proposal: Proposal, drafter: Drafter,
-                          graft: Graft | None = None, redraft: bool = True, graft_on: bool = True,
-                          flip: bool = False, admit: Sequence[float] = (), weight: float = 1.0,
-                          weight_alt: float | None = None, floor: float = -math.inf) -> TreePlan:
-    """Repair-aware best-first: the ddtree of the block, then the subtrees under its best substitutions
-    (`redraft_policy`: how many, and the blend weight) re-drafted in ONE batched drafter pass conditioned
-    on the substituted token, then best-first again with the re-drafted log-probs competing for the same
-    budget. With no substitution worth it, this is ddtree's tree at no extra cost. Over a causal chain
-    drafter the substitutions are its chain_substitutions, already re-drafted inside its proposal
-    (redrafts_while_drafting), so no pass follows.
-    The lookup `graft` goes in where `graft_on`; with `flip`, the tree with it flipped is built too where
-    that is exactly the block's other tree: where neither tree runs a re-draft pass, or with a chain's own
-    re-drafts (which do not depend on the tree). Where a pass ran, the flipped tree would have chosen its
-    own substitutions: no measurement. The same holds for the tree with the node weight `weight_alt`."""
-    used, other = (graft, None) if graft_on else (None, graft)
-    flip = flip and graft is not None and bool(graft.tokens)
-    graft = used
+def build_cure_best_first(proposal: Proposal, drafter: Drafter, budget: int, redrafts: RedraftPolicy, *,
+                          fused: int = 0, redraft: bool = True, graft: Graft | None = None,
+                          score: Score | None = None, floor: float = -math.inf) -> TreePlan:
+    """Repair-aware best-first: the best-first tree of the block (`score`: the acceptance model's), then the
+    subtrees under its best substitutions (`redrafts`: how many, and the blend weight) re-drafted in ONE
+    batched drafter pass conditioned on the substituted token, then best-first again with the re-drafted
+    candidates competing for the same budget. With no substitution worth it, this is the first tree at no
+    extra cost. `fused`: substitutions a causal chain drafter re-drafted inside its proposal (its
+    chain_substitutions; replays re-derive them), so no pass follows. `redraft=False`: the pass is skipped
+    (it would not pay: redraft_price.py). `graft`: the prompt-lookup continuation, one more source in the
+    heap. `floor`: see best_first."""
     n = len(proposal.tokens)
-    policy = redraft_policy(cfg, drafter)
     base = Table.of(proposal)
-    # a proposal carrying re-drafts was drafted with them (a stopped chain may hold them under any budget)
-    fused = policy.count if proposal.redrafts else redrafts_while_drafting(cfg, drafter, n)
-
-    def flipped(graft_: Graft | None, weight_: float, under: dict | None = None) -> DraftTree | None:
-        """The block's tree with one choice flipped (the graft, or the node weight), where it is exactly the
-        tree the block would otherwise have verified: with a chain's own re-drafts `under` (they do not depend
-        on the tree), or with no pass where that tree would not have re-drafted either (None: no measurement)."""
-        bf = best_first(base, cfg.v_max, under, graft_, admit, weight_, floor)
-        return None if under is None and redraft and substitutions(bf, n, policy.count) else bf.tree
+    first = None
     if fused and proposal.redrafts:
         # A causal chain drafter chose its substitutions as it drafted (chain_substitutions, best first)
         # and re-drafted them in the chain's steps.
@@ -424,13 +334,11 @@ def build_cure_best_first(cfg: DecodeConfig, proposal: Proposal, drafter: Drafte
         # a replay (no re-drafts in the proposal) asks for the same prefixes
         prefixes = [list(p) for p in chain_substitutions(proposal.top_ids, proposal.top_logprobs, fused, n)]
     else:
-        first = best_first(base, cfg.v_max, graft=graft, admit=admit, weight=weight, floor=floor)
-        prefixes = [list(first.paths[i]) for i in substitutions(first, n, policy.count)] if redraft else []
+        first = best_first(base, budget, graft=graft, score=score, floor=floor)
+        prefixes = [list(first.paths[i]) for i in substitutions(first, n, redrafts.count)] if redraft else []
         if not prefixes:
-            return TreePlan(first.tree, lookup_nodes=graft_nodes(first.tree, graft), grafted=graft is not None,
-                            lookup_alt=flipped(other, weight) if flip else None,
-                            ranks=tuple(first.ranks), logq=tuple(first.logq),
-                            weight_alt=flipped(graft, weight_alt) if weight_alt is not None else None)
+            return TreePlan(first.tree, lookup_nodes=graft_nodes(first.tree, graft),
+                            ranks=tuple(first.ranks), logq=tuple(first.logq))
     t0 = time.perf_counter()
     if fused and proposal.redrafts:
         redrafted = [proposal.redrafts[tuple(p)] for p in prefixes]
@@ -438,13 +346,13 @@ def build_cure_best_first(cfg: DecodeConfig, proposal: Proposal, drafter: Drafte
         redrafted = drafter.redraft_topk(prefixes, [n - len(p) for p in prefixes], len(base.ids[0])) if prefixes else []
     redraft_ms = (time.perf_counter() - t0) * 1e3
     live = [(tuple(p), r) for p, r in zip(prefixes, redrafted) if len(r.tokens)]
-    if policy.weight >= 1.0 or not live:
+    if redrafts.weight >= 1.0 or not live:
         under = {p: Table.lazy(r, len(p) + 1) for p, r in live}
     else:
         tables = blend(proposal.top_ids, proposal.top_logprobs, 1,
-                       [(len(p) + 1, r.top_ids, r.top_logprobs) for p, r in live], policy.weight)
+                       [(len(p) + 1, r.top_ids, r.top_logprobs) for p, r in live], redrafts.weight)
         under = {p: t for (p, _), t in zip(live, tables)}
-    final = best_first(base, cfg.v_max, under, graft, admit, weight, floor)
+    final = best_first(base, budget, under, graft, score, floor)
     # the re-drafted substitutions that made it into the tree, as UFPs
     by_pos: dict[int, list[int]] = {}
     for p in prefixes:
@@ -454,10 +362,8 @@ def build_cure_best_first(cfg: DecodeConfig, proposal: Proposal, drafter: Drafte
     ufps = tuple(UFP(position=pos, margin=margins[pos], budget=len(alts), alternatives=tuple(alts))
                  for pos, alts in sorted(by_pos.items()))
     return TreePlan(final.tree, ufps, redraft_ms=redraft_ms, lookup_nodes=graft_nodes(final.tree, graft),
-                    unrepaired=None if fused else first.tree, grafted=graft is not None,
-                    lookup_alt=flipped(other, weight, under) if flip and fused else None,
-                    ranks=tuple(final.ranks), logq=tuple(final.logq),
-                    weight_alt=flipped(graft, weight_alt, under) if weight_alt is not None and fused else None)
+                    unrepaired=first.tree if first is not None else None,
+                    ranks=tuple(final.ranks), logq=tuple(final.logq))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -466,36 +372,40 @@ def build_cure_best_first(cfg: DecodeConfig, proposal: Proposal, drafter: Drafte
 
 def select_ufps(cfg: DecodeConfig, margins: Sequence[float]) -> list[tuple[int, float, int]]:
     """(position, margin, budget) for up to max_ufps positions with m_i < tau_margin, most fragile
-    first. Budget: u_i = clamp(1 - m_i/s, 0, 1); b_i = b_min + round(u_i (b_max - b_min))."""
+    first. Budget: u_i = clamp(1 - m_i/tau_margin, 0, 1); b_i = b_min + round(u_i (b_max - b_min))."""
     fragile = sorted((m, i) for i, m in enumerate(margins) if m < cfg.tau_margin)[: cfg.max_ufps]
     picked = []
     for m, i in fragile:
-        u = min(max(1.0 - m / cfg.scale, 0.0), 1.0)
+        u = min(max(1.0 - m / max(cfg.tau_margin, 1e-9), 0.0), 1.0)
         b = cfg.b_min + int(math.floor(u * (cfg.b_max - cfg.b_min) + 0.5))   # round half up
         picked.append((i, m, b))
     return picked
 
 
-def build_cure_tree(cfg: DecodeConfig, proposal: Proposal, drafter: Drafter) -> TreePlan:
+def build_paper_tree(proposal: Proposal, drafter: Drafter, cfg: DecodeConfig, budget: int,
+                     beam: int = PAPER_BEAM) -> TreePlan:
+    """The paper's tree: branch 0 whole, then repair branches at the UFPs (cfg's tau_margin, b_min, b_max,
+    max_ufps; keep_branch0 for the ablation), each suffix re-drafted under its substitute, merged into the
+    trie under `budget` nodes and `beam` repair nodes per depth (the paper's 5)."""
     block = proposal.tokens                                  # y_0..y_{n-1}
     n = len(block)
     picked = select_ufps(cfg, proposal.margins)
     # Repair branches. Branch (k, c) = y_0..y_{k-1}, c, then a suffix re-drafted under c.
     prefixes, lengths, owners = [], [], []
     ufps = []
-    for pos, margin, budget in picked:
+    for pos, margin, branches in picked:
         # the next-best draft tokens at the UFP (never an impossible one)
         alts = [t for t, lp in zip(proposal.top_ids[pos, 1:].tolist(), proposal.top_logprobs[pos, 1:].tolist())
-                if lp > float("-inf")][:budget]
+                if lp > float("-inf")][:branches]
         for c in alts:
             prefixes.append(block[:pos] + [c])
             lengths.append(n - pos - 1)                       # re-draft down to the block's depth
             owners.append(pos)
-        ufps.append((pos, margin, budget, tuple(alts)))
+        ufps.append((pos, margin, branches, tuple(alts)))
     if cfg.keep_branch0:
         # Rule: only repairs that will get a node under V_max are re-drafted. Small budgets (the tuner's
         # shorter blocks, K = V + 1) leave no room past branch 0, and re-drafting there was pure cost.
-        fit = repairs_that_fit(n, owners, lengths, cfg.v_max, cfg.beam)
+        fit = repairs_that_fit(n, owners, lengths, budget, beam)
         prefixes, lengths, owners = ([x for x, f in zip(xs, fit) if f] for xs in (prefixes, lengths, owners))
     t0 = time.perf_counter()
     suffixes = drafter.redraft(prefixes, lengths) if prefixes else []
@@ -511,7 +421,7 @@ def build_cure_tree(cfg: DecodeConfig, proposal: Proposal, drafter: Drafter) -> 
         tree.add_path(block[: min(owners)], branch=0)
     grafted: dict[int, list[int]] = {}
     for r, (prefix, suffix, pos) in enumerate(zip(prefixes, suffixes, owners), start=1):
-        path = tree.add_path(prefix + suffix, branch=r, v_max=cfg.v_max, beam=cfg.beam)
+        path = tree.add_path(prefix + suffix, branch=r, v_max=budget, beam=beam)
         if len(path) > pos:                                   # the substituted token made it in
             grafted.setdefault(pos, []).append(prefix[-1])
     return TreePlan(tree, tuple(UFP(position=p, margin=m, budget=b, alternatives=tuple(grafted.get(p, ())))

@@ -12,7 +12,8 @@ from cure_core.config import DecodeConfig
 from cure_core.drafters.base import ChainSubstitutions, chain_substitutions
 from cure_core.drafters.causal import ArDrafter
 from cure_core.engine import ModelPair, generate_ids
-from cure_core.strategies import build_cure_best_first, redrafts_while_drafting
+from cure_core.policies import BestFirstCure
+from cure_core.strategies import build_cure_best_first, redraft_policy
 from cure_core.tiny import BYTE_VOCAB
 
 
@@ -107,16 +108,17 @@ def test_the_engine_builds_the_tree_a_replay_of_the_proposal_builds(target, draf
     re-drafts then asked of redraft_topk): a replay of recorded proposals builds what the engine verifies."""
     d = ArDrafter(drafts["mild"], vocab_size=BYTE_VOCAB)
     cfg = DecodeConfig(strategy="cure", k=8, v_max=24, redrafts=2, redraft_weight=1.0)
-    assert redrafts_while_drafting(cfg, d, 7) == 2 and redrafts_while_drafting(cfg.with_(v_max=7), d, 7) == 0
-    assert redrafts_while_drafting(cfg.with_(cure_tree="paper"), d, 7) == 0
+    policy = BestFirstCure(cfg, d)
+    assert policy.fused(7, 24) == 2 and policy.fused(7, 7) == 0      # a budget with no room past the chain: none
+    policy = redraft_policy(cfg, d)
     for prompt in (b"for i in range(", b"import os\n", b"class A:\n    def"):
         ctx = list(prompt)
         d.reset(ctx[:-1])
         fused = d.propose_with_redrafts(ctx[-1], 7, 24, 2)
-        a = build_cure_best_first(cfg, fused, d)
+        a = build_cure_best_first(fused, d, cfg.v_max, policy, fused=2)
         d.reset(ctx[:-1])
         plain = d.propose(ctx[-1], 7, 24)
-        b = build_cure_best_first(cfg, plain, d)
+        b = build_cure_best_first(plain, d, cfg.v_max, policy, fused=2)
         assert (a.tree.tokens, a.tree.parents) == (b.tree.tokens, b.tree.parents)
 
 
@@ -163,9 +165,6 @@ def test_cure_over_an_ar_chain_stops_drafting_where_the_chain_gets_unlikely(targ
 
         def best_tree(self):
             return None
-
-        def admission(self, v):                         # no nodes past the budget
-            return ()
 
         def alt_floor(self, v):                         # every alternative the budget holds
             return -math.inf
@@ -225,9 +224,6 @@ def test_a_block_with_no_room_to_draft_under_a_draft_stop(target, drafts, monkey
         def best_tree(self):
             return None
 
-        def admission(self, v):                         # no nodes past the budget
-            return ()
-
         def alt_floor(self, v):                         # every alternative the budget holds
             return -math.inf
 
@@ -261,9 +257,6 @@ def test_cure_over_a_chain_verifies_alternatives_only_above_the_tuners_floor(tar
 
         def best_tree(self):
             return None
-
-        def admission(self, v):
-            return ()
 
         def alt_floor(self, v):
             return floor

@@ -43,15 +43,13 @@ def configs(draw):
         b_max=b_max,
         max_ufps=draw(st.integers(0, 3)),
         v_max=draw(st.integers(k - 1, 64)),
-        beam=draw(st.integers(1, 5)),
         keep_branch0=draw(st.booleans()),
         resync=draw(st.booleans()),
         auto_budget=draw(st.booleans()),
         kv_cache=draw(st.sampled_from(["static", "dynamic"])),
         cure_tree=draw(st.sampled_from(["best-first", "paper"])),
         redrafts=draw(st.integers(0, 4)),
-        admit=draw(st.booleans()),
-        calibrate=draw(st.booleans()),
+        acceptance=draw(st.booleans()),
         alt_floor=draw(st.booleans()),
         draft_stop=draw(st.booleans()),
     )
@@ -68,7 +66,7 @@ def test_every_strategy_equals_ar(target, drafts, prompt, conf, noise):
     config) cases against ar (which always runs on transformers' DynamicCache: the static cache must not
     change a token either)."""
     pair = make_pair(target, drafts[noise])
-    # cure again over the chain drafter (ModelPair.chain_strategies, as defaults.CURE_OVER_CHAIN sets it)
+    # cure again over the chain drafter (ModelPair.chain_strategies, as catalog.CURE_OVER_CHAIN sets it)
     chained = dataclasses.replace(pair, chain_strategies=frozenset({"sd", "cure"}))
     ref, _ = run(pair, DecodeConfig(strategy="ar", **dict(conf, kv_cache="dynamic")), prompt)
     for strategy, on in [(s, pair) for s in SPECULATIVE] + [("cure", chained)]:
@@ -76,10 +74,7 @@ def test_every_strategy_equals_ar(target, drafts, prompt, conf, noise):
         assert out == ref, f"{strategy} diverged from ar with {conf}"
         assert all(b.tree_size <= conf["v_max"] for b in blocks)
         if conf["auto_budget"]:
-            # the budget bounds the tree, but for the nodes best-first cure admits past it (BudgetTuner.admission)
-            assert all(b.tree_size == b.meta["v_max"] + b.meta["admitted"] if "admitted" in b.meta
-                       else b.tree_size <= b.meta["v_max"] for b in blocks if b.draft)
-            assert strategy == "cure" or not any("admitted" in b.meta for b in blocks)
+            assert all(b.tree_size <= b.meta["v_max"] for b in blocks)      # the tuner's budget bounds the tree
 
 
 @pytest.mark.parametrize("strategy", SPECULATIVE)
@@ -181,59 +176,9 @@ def test_budget_tuner_prefers_small_trees_when_verification_is_steep():
     assert steep_t.rate(15) > steep_t.rate(64)
 
 
-def test_admission_prices_each_row_past_the_budget():
-    """BudgetTuner.admission: -inf up to the budget, then the joint draft log-prob a node needs for its
-    verification row to pay at the predicted rate: p^gamma >= rate(v) x (C_v(n+1) - C_v(n)); up to the warm-up
-    budget; nothing before a rate exists or at budget 0; every node up to the cap where rows cost nothing."""
-    import math
-    from cure_core.budget import BudgetTuner, CostCurve
-    steep = CostCurve((0, 4, 8, 16), (100.0, 104.0, 144.0, 224.0))         # past 4 nodes a row costs 10 ms
-    t = BudgetTuner(steep, [1, 2, 4, 8, 16], warmup_cost=3.0)             # warm-up budget 16 (224 <= 300)
-    assert t.warmup_budget == 16 and t.admission(4) == ()                  # nothing rated yet
-    for _ in range(6):
-        t.observe(tuner_block([0, 1], 4, draft_ms=20.0), 4)
-    r, gamma = t.rate(4), t.calibration()
-    bar = t.admission(4)
-    assert len(bar) == 16 and bar[:4] == (-math.inf,) * 4
-    assert bar[4] == pytest.approx(math.log(r * 10.0) / gamma) and bar[15] == pytest.approx(bar[4])
-    assert t.admission(0) == () and t.admission(16) == ()                  # budget 0; the cap itself
-    flat = BudgetTuner(CostCurve((0, 64), (100.0, 100.0)), [4, 64])
-    for _ in range(6):
-        flat.observe(tuner_block([0, 1], 4, draft_ms=20.0), 4)
-    assert flat.admission(4)[4:] == (-math.inf,) * (flat.warmup_budget - 4)
-
-
-def test_cure_admits_nodes_past_the_budget_and_stays_lossless(target, drafts, monkeypatch):
-    """Under --v-max auto best-first cure's tree takes the nodes admission lets past the tuner's budget (here
-    every node up to 9, over the tuner's budget, here always 3): output still ar's, each block's extra nodes in
-    its meta, the block drafted whole; with `admit` off (the default), and for ddtree, trees stay within the budget."""
-    import math
-    from cure_core.budget import BudgetTuner
-
-    def choose(self):
-        self.blocks += 1
-        self.last_choice, self.last_phase, self.last_prediction = 3, "settled", None
-        return 3
-    monkeypatch.setattr(BudgetTuner, "choose", choose)
-    monkeypatch.setattr(BudgetTuner, "admission", lambda self, v: (-math.inf,) * max(v, 9) if v > 0 else ())
-    pair = make_pair(target, drafts["mild"])
-    prompt = list(b"def add(a, b):\n    return")
-    conf = dict(k=8, max_new_tokens=24, v_max=16, auto_budget=True)
-    ref, _ = run(pair, DecodeConfig(strategy="ar", **conf), prompt)
-    out, blocks = run(pair, DecodeConfig(strategy="cure", admit=True, **conf), prompt)
-    assert out == ref
-    past = [b for b in blocks if "admitted" in b.meta]
-    assert past and all(b.tree_size == b.meta["v_max"] + b.meta["admitted"] <= 9 for b in past)
-    assert any(len(b.draft) > b.meta["v_max"] for b in past)              # drafted deeper than the budget
-    for cfg in (DecodeConfig(strategy="cure", **conf), DecodeConfig(strategy="ddtree", admit=True, **conf)):
-        out, blocks = run(pair, cfg, prompt)
-        assert out == ref and not any("admitted" in b.meta for b in blocks)
-        assert all(b.tree_size <= b.meta["v_max"] for b in blocks if b.draft)
-
-
-def test_nodes_admitted_past_the_budget_tell_the_tuner_nothing():
-    """A block's tree extended past its budget (`admission`) is learnt as the budget's tree, cut there: its extra
-    nodes came only where the drafts were sure, so they must not rate the budgets above."""
+def test_nodes_past_the_budget_tell_the_tuner_nothing():
+    """A block's tree larger than its budget is learnt as the budget's tree, cut there: its extra nodes must
+    not rate the budgets above."""
     from cure_core.budget import BudgetTuner, CostCurve
     t = BudgetTuner(CostCurve((0, 64), (10.0, 74.0)), [4, 8, 16])
     t.observe(tuner_block([0, 1, 2, 3, 4, 5], 8, draft_ms=1.0), 4)     # 8 nodes under a budget of 4, 6 accepted
@@ -314,9 +259,6 @@ def test_blocks_without_a_draft_keep_the_drafter_in_sync(target, strategy, monke
 
         def redraft_pays(self, v):
             return True
-
-        def admission(self, v):                        # no nodes past the budget
-            return ()
 
         def alt_floor(self, v):                        # every alternative the budget holds
             return -math.inf
@@ -989,10 +931,6 @@ def test_cure_skips_a_redraft_pass_that_wins_nothing_and_stays_lossless(pair, mo
     first = next(b.index for b in skipped)
     assert sum(passes_in[:first]) == 3                                # 3 passes bound it, then the first skip
     assert len(calls) - 3 <= (len(blocks) - first) // 8 + 1           # after the first skip: probes only
-    before = len(calls)
-    always = list(engine.generate(prompt, cfg.with_(redraft_pass="always")))   # the control: its own tuner
-    assert [t for b in always for t in b.emitted] == [t for b in blocks for t in b.emitted]
-    assert not any(b.meta.get("redraft") for b in always) and len(calls) - before >= 8
 
 
 def test_redraft_price_measures_the_rate_of_a_fixed_budget():
@@ -1041,7 +979,7 @@ def test_cure_at_a_fixed_budget_skips_a_redraft_pass_that_wins_nothing_and_stays
     """Without the tuner (`v_max` 16 fixed) the same rule prices the pass at the rate the blocks measure:
     a 40 ms pass that wins next to nothing is skipped once 3 passes have been seen (no drafter call on a
     skipped block, meta `redraft: skipped`), the price is kept across generations, the output equals ar,
-    and the control `redraft_pass=always` runs it on every block."""
+    and the price is the policy's own."""
     calls = slow_redraft_pass(pair.drafter, monkeypatch)
     prompt = list(b"def fib(n):\n    ")
     cfg = DecodeConfig(strategy="cure", k=8, v_max=16, max_new_tokens=120, redrafts=2)
@@ -1057,13 +995,9 @@ def test_cure_at_a_fixed_budget_skips_a_redraft_pass_that_wins_nothing_and_stays
     first = skipped[0].index
     assert sum(passes_in[:first]) == 3                                # 3 passes bound it, then the first skip
     assert len(calls) - 3 <= (len(blocks) - first) // 8 + 1           # after it: probes only
-    price = engine.fixed_price_for(cfg)
+    price = engine.policy_for(cfg).price
     assert len(price.samples[16]) == len(calls) and len(price.blocks) == len(blocks)
     before = len(calls)
     again = list(engine.generate(prompt))
     assert len(calls) - before <= len(again) // 8 + 1                 # the same price: probes only, from block 0
-    before = len(calls)
-    always = list(engine.generate(prompt, cfg.with_(redraft_pass="always")))
-    assert [t for b in always for t in b.emitted] == [t for b in blocks for t in b.emitted]
-    assert not any(b.meta.get("redraft") for b in always) and len(calls) - before >= 8
-    assert engine.fixed_price_for(cfg.with_(redraft_pass="always")) is None
+    assert engine.policy_for(cfg.with_(strategy="ddtree")).timed is False         # ddtree prices no pass

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cure_core.config import ConfigError, DecodeConfig
-from cure_core.drafters.base import Proposal
-from cure_core.strategies import build_cure_tree, build_ddtree, select_ufps
+from cure_core.drafters.base import Drafter, Proposal
+from cure_core.strategies import build_ddtree, build_paper_tree, redraft_policy, select_ufps
 from cure_core.tree import DraftTree, fill_ancestors, greedy_accept
 
 paths_st = st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=6), min_size=1, max_size=8)
@@ -88,7 +88,7 @@ def proposal(tokens, margins, k=6):
     return Proposal(tokens=list(tokens), top_ids=ids, top_logprobs=logp)
 
 
-class Redrafter:
+class Redrafter(Drafter):
     """Redraft stub for tree-shape tests: suffix tokens 7, 7, ...; records its calls."""
     def __init__(self):
         self.calls = []
@@ -109,12 +109,12 @@ def test_ufp_selection_and_dynamic_budget():
 
 @pytest.mark.parametrize("v_max,beam", [(15, 5), (20, 5), (64, 5), (64, 2), (30, 1)])
 def test_cure_tree_budget_depth_beam(v_max, beam):
-    cfg = DecodeConfig(v_max=v_max, beam=beam, max_ufps=2)
+    cfg = DecodeConfig(v_max=v_max, max_ufps=2)
     block = list(range(1, 16))                              # K-1 = 15 tokens
     margins = [5.0] * 15
     margins[3], margins[9] = 0.1, 0.4
     stub = Redrafter()
-    plan = build_cure_tree(cfg, proposal(block, margins), stub)
+    plan = build_paper_tree(proposal(block, margins), stub, cfg, cfg.v_max, beam)
     tree = plan.tree
     assert len(tree) <= v_max
     assert max(tree.depths) <= 15
@@ -142,15 +142,15 @@ def test_only_repairs_that_fit_are_redrafted_and_the_tree_is_unchanged(n, v_extr
     """Skipping the repairs the budget would cut leaves the same tree (tokens, parents, branch 0) as
     re-drafting every repair and letting the trie merge cut them; every re-drafted repair adds a node."""
     import cure_core.strategies as S
-    cfg = DecodeConfig(k=n + 1, v_max=n + max(v_extra, 0), beam=beam, max_ufps=max_ufps, tau_margin=1.0)
+    cfg = DecodeConfig(k=n + 1, v_max=n + max(v_extra, 0), max_ufps=max_ufps, tau_margin=1.0)
     block = list(range(1, n + 1))
     prop = proposal(block, margins[:n])
     lean, full = Redrafter(), Redrafter()
-    a = build_cure_tree(cfg, prop, lean).tree
+    a = build_paper_tree(prop, lean, cfg, cfg.v_max, beam).tree
     saved = S.repairs_that_fit
     S.repairs_that_fit = lambda n_, owners, *_: [True] * len(owners)
     try:
-        b = build_cure_tree(cfg, prop, full).tree
+        b = build_paper_tree(prop, full, cfg, cfg.v_max, beam).tree
     finally:
         S.repairs_that_fit = saved
     assert (a.tokens, a.parents, a.depths) == (b.tokens, b.parents, b.depths)
@@ -165,19 +165,19 @@ def test_cure_without_branch0_keeps_only_shared_prefix():
     block = list(range(1, 16))
     margins = [5.0] * 15
     margins[6] = 0.2
-    tree = build_cure_tree(cfg, proposal(block, margins), Redrafter()).tree
+    tree = build_paper_tree(proposal(block, margins), Redrafter(), cfg, cfg.v_max).tree
     assert [tree.tokens[i] for i, b in enumerate(tree.branches) if b == 0] == block[:6]
     # with no UFP, branch 0 stays (no repair to replace it)
-    tree = build_cure_tree(cfg, proposal(block, [5.0] * 15), Redrafter()).tree
+    tree = build_paper_tree(proposal(block, [5.0] * 15), Redrafter(), cfg, cfg.v_max).tree
     assert tree.tokens == block
 
 
 @pytest.mark.parametrize("v_max", [15, 32, 64])
 def test_ddtree_best_first_within_budget(v_max):
-    cfg = DecodeConfig(strategy="ddtree", v_max=v_max, beam=3)
+    cfg = DecodeConfig(strategy="ddtree", v_max=v_max)
     margins = [0.3 * (i % 4) for i in range(15)]
     p = proposal(list(range(1, 16)), margins, k=8)
-    tree = build_ddtree(cfg, p)
+    tree = build_ddtree(p, cfg.v_max)
     assert len(tree) == min(v_max, len(tree))
     assert len(tree) <= v_max
     # best-first: every kept node scores at least as high as... its parent scores higher than it
@@ -195,13 +195,13 @@ def test_ddtree_never_grafts_an_impossible_candidate():
     even when the budget has room left for them."""
     p = proposal([1, 2, 3], [0.5, 0.5, 0.5], k=4)
     p.top_logprobs[:, 2:] = float("-inf")
-    tree = build_ddtree(DecodeConfig(strategy="ddtree", k=4, v_max=40), p)
+    tree = build_ddtree(p, 40)
     allowed = {t for row in p.top_ids[:, :2].tolist() for t in row}
     assert set(tree.tokens) <= allowed and len(tree) == 2 + 4 + 8       # 2 per node, no width cap: all 14
 
 
 @pytest.mark.parametrize("bad", [dict(k=1), dict(v_max=3), dict(b_min=4, b_max=2), dict(strategy="nope"),
-                                 dict(beam=0), dict(temperature=-1), dict(top_k=3)])
+                                 dict(temperature=-1), dict(top_k=3)])
 def test_invalid_config_is_refused(bad):
     with pytest.raises(ConfigError):
         DecodeConfig(**bad)
@@ -242,7 +242,7 @@ def test_ddtree_is_the_reference_rule_on_random_tables(budget, seed):
     logits = torch.randn(n, 100, generator=g) * (1 + seed)
     logp, ids = torch.log_softmax(logits, -1).topk(k, -1)
     p = Proposal(tokens=ids[:, 0].tolist(), top_ids=ids, top_logprobs=logp)
-    tree = build_ddtree(DecodeConfig(strategy="ddtree", k=min(n, budget) + 1, v_max=budget), p)
+    tree = build_ddtree(p, budget)
     assert tree_paths(tree) == reference_ddtree(ids.tolist(), logp.tolist(), budget)
     assert len(tree) == budget
 
@@ -273,11 +273,11 @@ def test_ddtree_replays_recorded_blocks_like_the_reference(tmp_path):
     assert len(seen) >= 10
     for p in seen:
         for budget in (4, 8, 16, 32, 64):
-            tree = build_ddtree(DecodeConfig(strategy="ddtree", k=min(8, budget + 1), v_max=budget), p)
+            tree = build_ddtree(p, budget)
             assert tree_paths(tree) == reference_ddtree(p.top_ids.tolist(), p.top_logprobs.tolist(), budget)
 
 
-class TableRedrafter:
+class TableRedrafter(Drafter):
     """A drafter whose re-drafts come from a table: prefix -> per-position (ids, logp)."""
 
     def __init__(self, table):
@@ -304,13 +304,13 @@ def test_cure_best_first_redrafts_the_best_substitution_and_lets_its_log_probs_c
     d = TableRedrafter({(20,): ([[25, 11, 21], [26, 12, 22]], [[math.log(.95), math.log(.03), math.log(.02)],
                                                               [math.log(.9), math.log(.05), math.log(.05)]])})
     cfg = DecodeConfig(strategy="cure", k=4, v_max=5, redrafts=1, redraft_weight=1.0)   # the re-draft alone
-    plan = build_cure_best_first(cfg, p, d)
+    plan = build_cure_best_first(p, d, cfg.v_max, redraft_policy(cfg, d))
     assert d.calls == [[(20,)]]                                  # one batched pass, the best substitution
     paths = tree_paths(plan.tree)
     assert (20, 25) in paths and (20, 25, 26) in paths           # the re-drafted subtree won the budget
     assert (20, 11) not in paths                                 # ddtree's marginal reuse is gone
     assert len(plan.tree) == 5 and plan.ufps[0].position == 0 and plan.ufps[0].alternatives == (20,)
-    ddtree = tree_paths(build_ddtree(cfg.with_(strategy="ddtree"), p))
+    ddtree = tree_paths(build_ddtree(p, cfg.v_max))
     assert (20, 11) in ddtree and (20, 25) not in ddtree
 
 
@@ -319,9 +319,9 @@ def test_cure_best_first_without_a_substitution_worth_it_is_ddtrees_tree():
     p = proposal(list(range(1, 8)), [5.0] * 7, k=4)                  # confident: the budget goes down the chain
     d = TableRedrafter({})
     cfg = DecodeConfig(strategy="cure", k=8, v_max=7)
-    plan = build_cure_best_first(cfg, p, d)
+    plan = build_cure_best_first(p, d, cfg.v_max, redraft_policy(cfg, d))
     assert d.calls == [] and plan.redraft_ms == 0.0
-    assert tree_paths(plan.tree) == tree_paths(build_ddtree(cfg.with_(strategy="ddtree"), p))
+    assert tree_paths(plan.tree) == tree_paths(build_ddtree(p, cfg.v_max))
 
 
 def test_blending_keeps_the_proposals_candidates_below_a_substitution():
@@ -341,29 +341,7 @@ def test_blending_keeps_the_proposals_candidates_below_a_substitution():
     d = TableRedrafter({(20,): ([[25, 11, 21], [26, 12, 22]], [[math.log(.95), math.log(.03), math.log(.02)],
                                                               [math.log(.9), math.log(.05), math.log(.05)]])})
     cfg = DecodeConfig(strategy="cure", k=4, v_max=5, redrafts=1, redraft_weight=0.0)
-    assert tree_paths(build_cure_best_first(cfg, p, d).tree) == tree_paths(build_ddtree(cfg.with_(strategy="ddtree"), p))
-
-
-@pytest.mark.parametrize("budget,bar", [(2, -0.7), (3, -1.5), (4, -3.0), (1, -math.inf)])
-def test_best_first_admits_nodes_past_its_budget_while_their_scores_reach_the_bar(budget, bar):
-    """`admit` (BudgetTuner.admission): past the budget the heap goes on while the next node scores at least
-    the bar. Scores only fall as the heap pops, so the tree is exactly the best-first tree of its own size."""
-    from cure_core.strategies import Table, best_first
-    gen = torch.Generator().manual_seed(budget)
-    logp = torch.log_softmax(torch.randn(6, 5, generator=gen) * 2, -1).sort(-1, descending=True)
-    ids = torch.randint(0, 50, (6, 5), generator=gen)
-    base = Table(ids.tolist(), logp.values.tolist())
-    cap = 12
-    full = best_first(base, cap)
-    n = budget
-    while n < min(cap, len(full.tree)) and full.scores[n] >= bar:
-        n += 1
-    got = best_first(base, budget, admit=(-math.inf,) * budget + (bar,) * (cap - budget))
-    ref = best_first(base, n)
-    assert (got.tree.tokens, got.tree.parents) == (ref.tree.tokens, ref.tree.parents)
-    assert len(got.tree) == n and n >= budget
-    assert all(s >= bar for s in got.scores[budget:])
-    assert best_first(base, budget).tree.tokens == full.tree.tokens[:budget]        # no bar: the budget, exactly
+    assert tree_paths(build_cure_best_first(p, d, cfg.v_max, redraft_policy(cfg, d)).tree) == tree_paths(build_ddtree(p, cfg.v_max))
 
 
 @pytest.mark.parametrize("floor", [-0.5, -1.5, -3.0, -math.inf])

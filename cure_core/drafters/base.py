@@ -33,7 +33,7 @@ import bisect
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Protocol, Sequence
+from typing import Sequence
 
 import torch
 
@@ -56,14 +56,13 @@ class Proposal:
 @dataclass(frozen=True)
 class RedraftPolicy:
     """How best-first cure re-drafts with a drafter when the config leaves it to the drafter (`redrafts`,
-    `redraft_weight` None). Chosen per drafter kind by benchmarks/tree_shapes.py on tuning prompts only."""
+    `redraft_weight` None), per drafter kind."""
     count: int = 2                # substitutions re-drafted per block
     weight: float = 0.5           # the re-draft's weight in the blend with the proposal (1: the re-draft alone)
 
 
-# DFlash, chosen on the default pair's HumanEval 1-20 (benchmarks/results/tree_shapes_qwen05b_k8): its
-# re-drafts are out of its training distribution ([anchor, masks] blocks only), so they are blended.
-# PARD and adapted drafters have not been measured and take the same.
+# DFlash's re-drafts are out of its training distribution ([anchor, masks] blocks only), so they are blended.
+# PARD and adapted drafters take the same.
 DEFAULT_REDRAFTS = RedraftPolicy()
 
 
@@ -121,29 +120,47 @@ class ChainSubstitutions:
         return [p for _, p in self._best]
 
 
-class Drafter(Protocol):
-    name: str
-    target_layers: tuple[int, ...]   # target hidden_states indices this drafter conditions on; () = none
-    block_size: int | None           # the block K it was trained to draft (root included); None = any K
-    redraft_policy: RedraftPolicy    # best-first cure's re-drafts unless the config sets them (optional:
-                                     # DEFAULT_REDRAFTS when absent)
+class Drafter:
+    """The base every drafter derives from: the protocol above, with the optional parts' defaults, so the
+    engine asks every drafter the same questions and probes nothing."""
+    name: str = "drafter"
+    target_layers: tuple[int, ...] = ()  # target hidden_states indices this drafter conditions on; () = none
+    block_size: int | None = None        # the block K it was trained to draft (root included); None = any K
+    sequential: bool = False             # one forward per drafted position (the tuner prices drafting per step)
+    redrafts_while_drafting: bool = False   # propose_with_redrafts re-drafts substitutions in the chain's steps
+    redraft_policy: RedraftPolicy = DEFAULT_REDRAFTS   # best-first cure's re-drafts unless the config sets them
 
-    def reset(self, context: Sequence[int], hidden: torch.Tensor | None) -> None: ...
+    def reset(self, context: Sequence[int], hidden: torch.Tensor | None) -> None:
+        raise NotImplementedError
 
-    def truncate(self, n: int) -> None: ...
+    def truncate(self, n: int) -> None:
+        raise NotImplementedError
 
-    def propose(self, root: int, n: int, top_k: int) -> Proposal: ...
+    def propose(self, root: int, n: int, top_k: int) -> Proposal:
+        raise NotImplementedError
 
-    def redraft_topk(self, prefixes: Sequence[Sequence[int]], lengths: Sequence[int], top_k: int) -> list[Proposal]: ...
+    def propose_with_redrafts(self, root: int, n: int, top_k: int, count: int,
+                              stop_logp: float | None = None) -> Proposal:
+        """Only drafters with `redrafts_while_drafting` re-draft while drafting; the rest just propose."""
+        return self.propose(root, n, top_k)
 
-    def redraft(self, prefixes: Sequence[Sequence[int]], lengths: Sequence[int]) -> list[list[int]]: ...
+    def redraft_topk(self, prefixes: Sequence[Sequence[int]], lengths: Sequence[int], top_k: int) -> list[Proposal]:
+        raise NotImplementedError
 
-    def advance(self, tokens: Sequence[int], hidden: torch.Tensor | None) -> None: ...
+    def redraft(self, prefixes: Sequence[Sequence[int]], lengths: Sequence[int]) -> list[list[int]]:
+        raise NotImplementedError
+
+    def advance(self, tokens: Sequence[int], hidden: torch.Tensor | None) -> None:
+        raise NotImplementedError
 
     def prefill(self) -> None:
         """Take in the context given by reset/advance now, in one pass, so that the next propose feeds only
         its root. The engine calls it in its prefill step: the drafter's pass over the prompt is part of the
-        time to first token, as the target's is, not of the first block's drafting."""
+        time to first token, as the target's is, not of the first block's drafting. Default: nothing to do."""
+
+    def compile_for(self, capacity: int | None) -> None:
+        """Before a generation's reset: its static-shape room under `compile` (None: any other generation).
+        Default: the drafter runs its passes as they come."""
 
 
 def proposals(rows: Sequence[torch.Tensor], top_k: int, to_ids=lambda cols: cols) -> list[Proposal]:

@@ -18,15 +18,13 @@ import torch
 from ..cpu_kernels import is_int8
 from ..lm import CachedLM, Forward
 from ..tree import DraftTree
-from .base import DEFAULT_REDRAFTS, ChainSubstitutions, Proposal, RedraftPolicy, proposals, top_k_logprobs
+from .base import ChainSubstitutions, Drafter, Proposal, RedraftPolicy, proposals, top_k_logprobs
 from .vocab import DraftVocab
 
 
-class _CausalDrafter:
+class _CausalDrafter(Drafter):
     name = "causal"
-    target_layers: tuple[int, ...] = ()
     block_size: int | None = None       # an AR drafter drafts chains of any length
-    redraft_policy = DEFAULT_REDRAFTS
 
     def __init__(self, model, vocab_size: int | None = None, draft_vocab: torch.Tensor | None = None,
                  mask_token_id: int = -1):

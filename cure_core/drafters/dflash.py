@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ModelLoadError
-from .base import DEFAULT_REDRAFTS, Proposal, proposals, top_k_logprobs
+from .base import Drafter, Proposal, proposals, top_k_logprobs
 from .vocab import DraftVocab
 
 DEFAULT_BLOCK_SIZE = 16
@@ -188,10 +188,9 @@ class DFlashModel(nn.Module):
 # The drafter
 # --------------------------------------------------------------------------------------------
 
-class DFlashDrafter:
+class DFlashDrafter(Drafter):
     """The engine's Drafter over a DFlash network, sharing the target's embedding and lm_head."""
     name = "dflash"
-    redraft_policy = DEFAULT_REDRAFTS
 
     def __init__(self, model: DFlashModel, target: nn.Module, *, target_layer_ids: Sequence[int], mask_token_id: int,
                  block_size: int = DEFAULT_BLOCK_SIZE, vocab_size: int | None = None,
