@@ -5,7 +5,7 @@ mask and more than one query row, copies every K/V head once per query head (`re
 cache before attending. Every tree forward is such a call: the target's verify, and each step of a chain
 drafter drafting several rows (cure's re-drafts). On CPU, torch's sdpa attends grouped heads itself
 (`enable_gqa`) with a mask, with the same result; the copies cost more than the attention past a few
-hundred cached rows (benchmarks/attention.py; benchmarks/results/README.md, attention_ab_cpu). On other
+hundred cached rows (benchmarks/attention.py measures both). On other
 devices, with no mask, or for one query row (transformers packs those), this is transformers' function
 unchanged.
 """

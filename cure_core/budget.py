@@ -47,10 +47,9 @@ from .progress import phase
 from .redraft_price import RedraftPrice
 
 # Tree sizes the cost curve is measured at (and the tuner's candidate budgets, engine._make_tuner). Rule: every
-# size up to 8, since CPU matmul kernels step at small row counts: oneDNN's float32 kernels on this AVX2 box
-# run 1-6 rows at about one price and 7 at +15-30% (benchmarks/results/cost_steps_cpu), so root + 5 nodes
-# verify for about a 4-node tree's price (+2-4% for the whole forward). Measured at 4 and 8 only, the curve put 5 nodes a quarter
-# of the way up that step, and no budget between 4 and 7 was a candidate.
+# size up to 8. Why: CPU matmul kernels step at small row counts (oneDNN's float32 kernels: 1-6 rows at about
+# one price, 7 at +15-30%; benchmarks/results/cost_steps_cpu), and a curve that skips sizes cannot offer the
+# budgets inside a step.
 SIZES = (0, 1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 
 
@@ -114,10 +113,9 @@ def measure_cost_curve(model, max_size: int = 64, ctx_len: int = 128, repeats: i
     lm = CachedLM(model, kv=kv, compile=compile, capacity=ctx_len + padded_size(max_size + 1) + 2)
     lm.prefill(ctx)
     chains = {v: torch.randint(0, vocab, (v + 1,), generator=gen).tolist() for v in sizes}
-    # Rule: rounds over every size, the least disturbed run per size kept (noise only adds time). A burst
-    # of other load then spoils one round of a few sizes, not every run of one size; measured size by
-    # size, a 2-core box shared with another job once cached a flat curve (every V "as cheap as one
-    # token"), and the tuner verified 60-node trees at 0.4x ar.
+    # Rule: rounds over every size, the least disturbed run per size kept (noise only adds time). Why: a burst
+    # of other load then spoils one round of a few sizes, not every run of one size, which would cache a flat
+    # curve (every V "as cheap as one token") and send the tuner to trees that lose.
     times = {v: math.inf for v in sizes}
     with phase(f"measuring the verification cost curve ({len(sizes)} tree sizes, once per model and machine)",
                total=repeats + 1) as update:
@@ -291,11 +289,9 @@ class BudgetTuner:
     def expected_accept(self, v: int) -> float | None:
         """E[a(V)]: accepted nodes with index < v per block. Rule: the blocks that tell a(v) for a large v are
         the few drafted under a large budget (warm-up, explorations); the blocks that tell a small one are
-        all of them. Averaged over the large-budget blocks alone, a(v) took the luck of those few blocks at
-        every depth: on a 1.5B pair, warm-up and explorations that fell on a prompt's hard opening priced
-        budget 4 below budget 2 while the settled budget-2 blocks accepted 2 of 2 almost every time, and the
-        tuner stayed on 2 for most of a GSM8K run (benchmarks/results/tuner_trace_qwen15b_cpu).
-        So a(v) is chained over the candidate budgets below it: a(u_1) from every block that tells it, plus,
+        all of them. Why: averaged over the large-budget blocks alone, a(v) takes the luck of those few blocks
+        at every depth (a prompt's hard opening can price a large budget below a small one that accepts
+        more). So a(v) is chained over the candidate budgets below it: a(u_1) from every block that tells it, plus,
         for each next budget u_j <= v, the mean increment a(u_j) - a(u_j-1) over the blocks that tell
         a(u_j). With every block telling every budget this is the plain mean (the sums telescope). None
         when no block tells a(v)."""
@@ -310,10 +306,9 @@ class BudgetTuner:
     def _chain(self, levels: list[int]) -> dict[int, float | None]:
         """{u: a(u)} for increasing budgets `levels`, each the one below's plus the mean increment over the
         blocks that tell it: those among the last `window` blocks, and older ones from `memory` until there
-        are `probe_min` (None from the first level that no block tells). Rule: a level told only by warm-up and
-        exploration blocks had one or two of them in the window, and their luck was its estimate (five 16-node
-        probes that accepted 0-1 tokens held a HumanEval run on 1-node trees, `wide_probe`); the window alone
-        still decides where it holds enough, so the estimate follows drafts that change."""
+        are `probe_min` (None from the first level that no block tells). Why: a level told only by warm-up and
+        exploration blocks has one or two of them in the window, and their luck would be its estimate; the
+        window alone still decides where it holds enough, so the estimate follows drafts that change."""
         out: dict[int, float | None] = {}
         total, prev = 0.0, 0
         # (age, accepted, tree size, cut), newest first; a block that does not tell a(u) tells no level above
@@ -353,19 +348,14 @@ class BudgetTuner:
         A block-parallel drafter (`steps` None) pays one pass at any budget, plus tree work that grows with
         v: the mean over recent blocks drafted at v; between two budgets with samples, linear in v; outside
         them, the nearest one's. A sequential drafter pays per position it drafts: C_d(v) = c0 + c1 x
-        E[positions drafted under v] (`cost_line`, `expected_drafted`). Both parts matter: priced in
-        proportion to the steps alone, a tuner settled on 4-step chains priced an 8-step chain at twice
-        its cost where a per-block part c0 is large, and a stopped chain at the steps it never drafted,
-        and stayed on budgets the blocks it did explore beat (benchmarks/results/README.md, tuner cost
-        model). How large c0 is varies by pair and run; it is learnt, not assumed.
+        E[positions drafted under v] (`cost_line`, `expected_drafted`). Why both parts: priced in proportion to
+        the steps alone, a long chain costs too much where the per-block part c0 is large, and a stopped chain
+        costs the steps it never drafted. How large c0 is varies by pair and run; it is learnt, not assumed.
         Rule: over a block-parallel drafter, a budget is priced by its own samples alone once it holds `cost_min`
         of them in the window; with fewer, by the budgets that hold enough (between two, linear; outside, the
-        nearest; before any does, the median of every sample), or by its own mean where that is lower. One
-        block drafted in a burst of other load carries the burst: on the 1.5B pair a single budget-4 block that took 238 ms to
-        draft (65 ms the blocks around it) priced budget 4 at 238 ms for the next 64 drafting blocks, and the
-        tuner verified 2-node trees through seven HumanEval prompts (benchmarks/results/peers60_qwen15b_s30_cpu,
-        83 blocks at budget 2 against ddtree's 15). Priced too low, a budget gets chosen or explored, and its
-        samples correct the price; priced too high, nothing brings it samples."""
+        nearest; before any does, the median of every sample), or by its own mean where that is lower. Why: one
+        block drafted in a burst of other load carries the burst. Priced too low, a budget gets chosen or
+        explored, and its samples correct the price; priced too high, nothing brings it samples."""
         if v == 0 or not self.costs:
             return 0.0
         if self.steps is not None:
@@ -398,10 +388,9 @@ class BudgetTuner:
         blocks. c1 is what one more position costs (a drafter step, its re-draft rows, its share of the tree
         work); c0 what a block costs whatever it drafts (the drafter's catch-up on the accepted tokens, the
         tree's fixed part, the commit). Rule: the fit is Theil-Sen (c1 the median slope over pairs of blocks
-        that drafted different lengths, c0 the median residual), not least squares: single blocks run 2-3x
-        slow (a shape the CPU kernels meet for the first time, another job's burst), and on a 1.5B pair the
-        first full chain of a run (15 positions, 132 ms each against 80 later) set a least-squares line that
-        put the tuner on 1-position chains for its first blocks (benchmarks/results/README.md). Where the
+        that drafted different lengths, c0 the median residual), not least squares. Why: single blocks run
+        2-3x slow (a shape the CPU kernels meet for the first time, another job's burst), and one such block
+        would set a least-squares line. Where the
         lengths barely vary (fewer pairs that differ than blocks: one block alone would set the slope) or
         the fit comes out negative, the line goes through 0 (c1 = median ms per position), which prices
         unsampled budgets high, never low; explorations then bring the samples that identify c0."""
@@ -495,8 +484,7 @@ class BudgetTuner:
     def calibration(self) -> float:
         """gamma: the target accepts a chain whose joint draft probability is p with probability about
         p^gamma. Rule: the draft stop weighs a position by what the target will accept, and a draft model's
-        own probability is not that: the 0.5B drafting for the 1.5B was unsure of chains the target went on
-        to accept (on HumanEval tuning prompts, 46 of 57 chains the stop ended were accepted whole). So
+        own probability is not that (a small drafter can be unsure of chains its target accepts whole). So
         gamma is fitted by maximum likelihood over the recent blocks' drafted depths (each depth d: joint
         log-prob l_d, and whether the target accepted the chain through d), on a grid in [1/16, 2]; 1
         (p itself) until 8 blocks have been seen."""
@@ -506,10 +494,9 @@ class BudgetTuner:
         return self._gamma
 
     def _check_stale_curve(self) -> None:
-        """Rule: the disk cache keeps a curve for good, and `verify_scale` corrects its level, not its shape. A
-        curve measured while another job loaded the box has the wrong shape too: the default pair's cached
-        curve said 505 ms for one token (verified at 137 ms that day, a scale of 0.27) and 10% more for a
-        second node but nothing for the next six (benchmarks/results/peers60_qwen05b_v5_cpu). Once
+        """Rule: the disk cache keeps a curve for good, and `verify_scale` corrects its level, not its shape. Why:
+        a curve measured while another job loaded the box has the wrong shape too (a cost step where the
+        kernels have none), which no rescaling fixes. Once
         `stale_after` blocks put the median scale outside [1/stale_ratio, stale_ratio], the cached entry is
         dropped, so the next process measures the curve again; this one keeps what it has (a measurement
         mid-answer would stall it)."""
@@ -560,9 +547,7 @@ class BudgetTuner:
                 # have priced drafting; before that it drafts at the best-rated non-zero budget. With one or
                 # two samples its cost line is a guess (c1 = ms per position through 0, one slow block's
                 # worth), and budget 0 drafts nothing, so nothing would correct the guess: explorations then
-                # come ever more rarely. On the modelled clock (benchmarks/tuner_lab.py, rule `zero-early` is
-                # the tuner without this) a HumanEval seed spent 13 early blocks at budget 0 (5.82 modelled
-                # tok/s, 6.09 with the rule); the other seeds and GSM8K never chose 0 that early.
+                # come ever more rarely.
                 best = self.best_tree()
                 if best is not None:
                     choice = best[0]
@@ -574,17 +559,13 @@ class BudgetTuner:
     def exploration(self, best: int) -> int | None:
         """The budget an exploration block tries when the best is `best`: one step up, so a(V) stays fresh
         there; but one step down first where a block-parallel drafter's cost there is unsampled. Rule: a
-        block-parallel drafter's C_d grows with the budget (cure's re-drafts: the 1.5B showcase pair's PARD
-        drafter paid 70 ms a block at budget 4, 96 at 8 and 136 at 12), and `drafting_ms` prices a budget
-        below every sample at the smallest priced one's cost: too high, and nothing corrected it, since
-        explorations only went up and every block's a(V) already told the smaller budget's acceptance. A
-        tuner whose warm-up blocks sampled 12 and 16 only then ran a held-out HumanEval run's first 69
-        blocks at 12 (1.72x ar per block) before it tried 8 (2.20x), once its acceptance estimates moved
-        (benchmarks/results/showcase_qwen15b_pard7697_cpu; with this rule: ..._s15_cpu). A sequential
-        drafter's cost line prices every budget from any samples, so it explores up only. One sample below
-        is enough: `drafting_ms` lets a budget's own samples lower its price before it holds `cost_min`. (Asking
-        for `cost_min` here sent a tuner settled at 2 nodes down to 1 at its first three explorations, where
-        it used to go up: benchmarks/results/peers60_qwen15b_s31_burst_cpu.) None: nothing to explore."""
+        block-parallel drafter's C_d grows with the budget (cure's re-drafts), and `drafting_ms` prices a
+        budget below every sample at the smallest priced one's cost. Why: that price is too high, and nothing
+        would correct it, since explorations only go up and every block's a(V) already tells the smaller
+        budget's acceptance. A sequential drafter's cost line prices every budget from any samples, so it
+        explores up only. One sample below is enough: `drafting_ms` lets a budget's own samples lower its price
+        before it holds `cost_min` (asking for `cost_min` here sends a settled tuner down where it should go
+        up). None: nothing to explore."""
         self.probing = False
         if self.steps is None:
             below = [v for v in self.candidates if 0 < v < best]
@@ -598,20 +579,13 @@ class BudgetTuner:
     def wide_probe(self, best: int) -> int | None:
         """The budget above one step up that an exploration from `best` tries (None: one step up). Rule: blocks
         settled at `best` tell a(V) for V <= best only, so every budget above rests on the warm-up and
-        exploration blocks, and one-step-up explorations climb only while each single step pays for itself.
-        A cost curve with a step at the low end (a node more costs 10% where the next six cost nothing) and
-        a(2) - a(1) too small to pay for it held the default pair's tuner on 1-node trees for all of a
-        held-out HumanEval set (cure tau 1.43, parallel's 1.44; 0.99 nodes a block) while 8-node trees
-        accepted far more (benchmarks/results/peers60_qwen05b_v5_cpu). A block verified at the warm-up
-        budget tells a(V) for every V up to it at once, for at most `warmup_cost` one-token steps; so while
-        a budget between `best` and the warm-up budget is unrated in the window, or thin (told by fewer than
-        `probe_min` blocks in memory), the exploration goes there. Each such probe costs up to a one-token
-        step where it loses: `probe_min` 8 cost a fresh tuner 4.1% of decode time over six 256-token
-        answers (1 thread; 0.8% before the rule), so 4, two probes beyond the warm-up. Asking for one
-        telling block was not enough: on HumanEval 41-60 five probes at 16 nodes that accepted 0, 1, 0, 0
-        and 1 tokens rated every tree above 2 nodes below 1-node trees for 389 of 431 blocks, where
-        ddtree's tuner, whose probes accepted 2 a block, ran 4-node trees
-        (benchmarks/results/tuner_trace_he41_60_qwen05b_cpu). A block that tells a(v) tells a(u) for every
+        exploration blocks, and one-step-up explorations climb only while each single step pays for itself:
+        a cost curve with a step at the low end can hold the tuner below trees that accept far more. A block
+        verified at the warm-up budget tells a(V) for every V up to it at once, for at most `warmup_cost`
+        one-token steps; so while a budget between `best` and the warm-up budget is unrated in the window, or
+        thin (told by fewer than `probe_min` blocks in memory), the exploration goes there. `probe_min` is 4,
+        two probes beyond the warm-up: each probe costs up to a one-token step where it loses, and one telling
+        block is too few where acceptance is lumpy. A block that tells a(v) tells a(u) for every
         u < v, so the warm-up budget is the least told of the budgets between: counting its telling blocks
         counts theirs. Past `probe_min`, probes go on at the largest budget that `could_win` (up to
         `probe_max` telling blocks there)."""
@@ -636,17 +610,11 @@ class BudgetTuner:
         gain over a(best) (accepted nodes with index in [best, u)) among the blocks that tell a(u). None: no
         such budget. The largest, since a probe there tells every budget below it too; not the warm-up
         budget, since where only a cheap one could win, a probe there would pay for nodes nothing bets on.
-        Rule: `probe_min` telling blocks are few where acceptance is lumpy. On HumanEval 41-60 two probes at
-        16 nodes that accepted 2 and 0 tokens, with the two warm-up blocks, rated every tree above 1 node at
-        a(1) for 175 blocks, where ddtree's tuner ran 4-node trees
-        (benchmarks/results/tuner_trace_he41_60_qwen05b_s23_cpu, `peers_probe_min4.json`); and eight
-        telling blocks for everyone cost a fresh tuner 4.1% of decode time where big trees plainly lose
-        (`tuner_cost_s23_probe_min8.json`). The bound stops probing where even an optimistic gain cannot pay
-        for the bigger tree (a probe that costs a one-token step needs a gain near a whole token), and goes on
-        where the gain is uncertain and its cost small. With it (`probe_z` 1.5) the same HumanEval trace ran
-        budget 1 in 36 of 321 blocks, tau 1.99, 1.70x HF generate (`probe_min` alone: 201 of 372, 1.72,
-        1.54x); a fresh tuner's probes cost 1.7% of decode time over six 256-token answers (z 2: 2.5%, the
-        trace alike), and the six took 129 s where they took 146 s before (tuner_cost_s24_*.json)."""
+        Rule: past `probe_min`, probe while the bound could win. Why: `probe_min` telling blocks are few where
+        acceptance is lumpy, and a larger fixed count costs every tuner where big trees plainly lose. The bound
+        stops probing where even an optimistic gain cannot pay for the bigger tree (a probe that costs a
+        one-token step needs a gain near a whole token), and goes on where the gain is uncertain and its cost
+        small."""
         base = self.rate(best)
         for u in reversed([c for c in self.candidates if best < c <= self.warmup_budget]):
             tell = [acc for acc, size, cut in self.history if _tells(u, size, cut)]
@@ -666,15 +634,12 @@ class BudgetTuner:
 
     def redraft_pays(self, v: int) -> bool:
         """Whether best-first cure's re-draft pass runs at budget v: while its measured gain beats the
-        predicted rate(v) x its ms (the rule and why: redraft_price.py). On the 1.5B showcase pair's PARD
-        drafter the pass bought +0.09 tau at 4-node trees for a second drafter forward, and cure ran behind
-        ddtree, which never re-drafts (benchmarks/results/showcase_qwen15b_pard7697_s15_cpu/tune). Over a
-        chain drafter the re-drafts ride in the chain's steps: no pass, no sample, always True.
-        Rule: a warm-up or exploration block runs it only where v's own passes have priced it. Those blocks
-        are there to rate a tree, and a budget visited only by them never gathers the passes its price needs,
-        so each of its visits ran the pass as "unpriced": on the 1.5B pair's PARD drafter they were a third of
-        cure's pass time (HumanEval 21-40: 7 of 19 passes, +60-90 ms a block at 7 and 24 nodes;
-        benchmarks/results/graftrule_ab_qwen15b_cpu). A settled budget runs its first passes as before."""
+        predicted rate(v) x its ms (the rule and why: redraft_price.py). Over a chain drafter the re-drafts
+        ride in the chain's steps: no pass, no sample, always True.
+        Rule: a warm-up or exploration block runs it only where v's own passes have priced it. Why: those
+        blocks are there to rate a tree, and a budget visited only by them never gathers the passes its price
+        needs, so each of its visits would run the pass unpriced. A settled budget runs its first passes as
+        before."""
         if self.last_phase in ("warmup", "explore") and not self.redraft.priced(v):
             return False
         return self.redraft.pays(v, lambda: self.rate(v))
@@ -710,9 +675,8 @@ class BudgetTuner:
             # Rule: a generation's first drafting block is no sample. Drafters once took in the prompt at their
             # first pass (now the engine's prefill step does, unless the generation opens at budget 0), and
             # one that skipped drafting catches up on the skipped tokens at its next pass: a cost that no
-            # budget causes, 2-7 drafted steps of an AR draft. Counted as a C_d sample it priced the budget
-            # that happened to open a prompt (a 1.5B pair's tuner drafted 1-node chains for 180 blocks
-            # because 2 nodes "cost" 338 ms).
+            # budget causes, 2-7 drafted steps of an AR draft. Counted as a C_d sample it would price whichever
+            # budget happened to open a prompt.
             if not self.fresh and not clipped:
                 self.costs.append(DraftCost(budget, len(block.draft), t.draft_ms + t.tree_ms + t.commit_ms))
                 self._line = self._survival = None

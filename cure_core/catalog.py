@@ -171,10 +171,9 @@ def drafter_cards(root: str | Path) -> list[DrafterCard]:
 # repairs when no block-parallel drafter ships for that target.
 AR_DRAFT_FOR = {"qwen-coder-1.5b": "qwen-coder-0.5b"}
 # Targets whose `cure` repairs the chain draft's chains (best-first, re-drafts batched into the chain's
-# steps) instead of the shipped block drafter's blocks, and the K it repairs at. Measured on held-out
-# prompts with every method in one process: benchmarks/results/peers60_qwen15b_s33_cpu (K from the
-# tuning prompts, benchmarks/results/README.md). parallel and ddtree keep the shipped drafter, which
-# they ran faster over.
+# steps) instead of the shipped block drafter's blocks, and the K it repairs at. Why: there cure runs
+# faster over the chain, and parallel and ddtree over the shipped drafter (the runs: benchmarks/results/
+# SUMMARY.md, History of the rules).
 CURE_OVER_CHAIN = {"qwen-coder-1.5b": 8}
 BLOCK_STRATEGIES = ("parallel", "cure", "ddtree")
 

@@ -1,13 +1,12 @@
 """A flat forward for an int8 drafter's short passes (chain steps, re-draft rows): gpt-fast style.
 
-Why: under `--draft-dtype int8` a chain step of the 0.5B drafter is one row through 168 int8 matmuls (about
-21 ms at 2 threads), but transformers' forward took 39-43 ms a step: its bfloat16 network casts every
-int8 matmul's float32 output back (about 400 casts a step), plus its modules' per-call work. This forward
-runs the same weights with a float32 residual stream, so an int8 matmul's float32 output is used as it is;
-q/k/v and gate/up are each one int8 matmul (their rows concatenated: the same int8 values and scales, and
-the same input, so the same sums). Only K/V (written to the cache, which the network's own long passes
-share) and the decoder's output are cast to the network's dtype: ~32 ms a step (the 0.5B, 2 threads, one row
-after a 150-token prefill; benchmarks/results/README.md, int8_decoder_qwen15b_cpu).
+Why: under `--draft-dtype int8` a chain step is one row through the drafter's int8 matmuls, and
+transformers' forward of its bfloat16 network casts every int8 matmul's float32 output back (about 400
+casts a step for the 0.5B) and adds its modules' per-call work, about as much time again as the matmuls.
+This forward runs the same weights with a float32 residual stream, so an int8 matmul's float32 output is
+used as it is; q/k/v and gate/up are each one int8 matmul (their rows concatenated: the same int8 values
+and scales, and the same input, so the same sums). Only K/V (written to the cache, which the network's own
+long passes share) and the decoder's output are cast to the network's dtype.
 
 Memory: the fused q/k/v and gate/up weights are a second int8 copy of those layers (about 65% of the
 decoder's int8 bytes; ~0.23 GB for the 0.5B). The layers keep theirs: transformers' forward over the same

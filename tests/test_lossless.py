@@ -416,10 +416,10 @@ def test_budget_tuner_explores_down_where_a_block_parallel_drafters_cost_is_unsa
 
 
 def test_budget_tuner_does_not_price_a_budget_by_one_block_drafted_in_a_burst():
-    """The 1.5B pair's tuner, settled at budget 2 (65 ms a draft), drafted one block at budget 4 while another
-    job loaded the box: 238 ms. Priced by that one sample, budget 4 lost to 2 until the sample left the window
-    (the control, cost_min=1: the rule before). A budget is priced by its own samples alone once it holds
-    `cost_min` (3); with fewer, by the priced budgets, or by its own mean where lower. Here the target accepts
+    """A budget is priced by its own samples alone once it holds `cost_min` (3); with fewer, by the priced
+    budgets, or by its own mean where lower. Why: one block drafted in a burst of other load (238 ms here, where
+    the settled budget 2 drafts in 65) would price its budget until the sample left the window (the control,
+    cost_min=1). Here the target accepts
     nodes 0, 1 and 2, so 4 nodes (4 tokens / 370 ms) beat 2 (3 / 365) and 8 (whose forward costs 500)."""
     from cure_core.budget import BudgetTuner, CostCurve
 
@@ -523,7 +523,7 @@ def test_budget_tuner_probes_on_while_a_bigger_tree_could_still_win():
     `probe_min` 4 alone (`probe_max` 4, the rule before) 11 of 40 runs stayed on 1-node trees. Probing on
     while a(4) plus 1.5 standard errors of its gain could beat 1-node trees (`could_win`; four blocks that
     gained nothing still leave a count's spread) leaves 4 there (2 standard errors: 1, at a higher probing
-    cost on real pairs: benchmarks/results/tuner_cost_qwen05b_cpu)."""
+    cost)."""
     before = [_share_of_big_trees(seed, 0.3, probe_max=4) for seed in range(40)]
     bound = [_share_of_big_trees(seed, 0.3) for seed in range(40)]
     assert sum(f < 0.5 for f in before) >= 9                         # the control

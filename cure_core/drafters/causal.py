@@ -113,13 +113,10 @@ class ArDrafter(_CausalDrafter):
     sequential = True                   # one forward per drafted token: drafting cost grows with the budget
     redrafts_while_drafting = True      # propose_with_redrafts: substitutions re-drafted in the chain's steps
     # Its re-drafts are its own chains (in distribution): used alone, not blended; 3 of them make 4 rows a
-    # step, what packed kernels cost as one. Chosen on the 1.5B pair's HumanEval 1-20 replay
-    # (benchmarks/results/tree_shapes_qwen15b_k8/tuning_he1-20.json).
+    # step, what packed kernels cost as one.
     PACKED_REDRAFTS = RedraftPolicy(count=3, weight=1.0)
-    # Under int8 steps (Int8Linear layers: fbgemm's int8 matmul) a row is no longer free: 4 rows cost ~1.3x one
-    # (the 0.5B's layers: 20 ms at 1 row, 26 at 4). On the 1.5B pair's tuning prompts cure ran 1.024x with 1
-    # re-draft and 1.043x with none, against 3 (faster on every set; benchmarks/results/int8_decoder_qwen15b_cpu,
-    # tune24_redrafts.json).
+    # Under int8 steps (Int8Linear layers: fbgemm's int8 matmul) a row is no longer free (4 rows cost ~1.3x
+    # one), so the chain re-drafts nothing: its tree's width is the chain's own alternatives.
     INT8_REDRAFTS = RedraftPolicy(count=0, weight=1.0)
 
     @property
