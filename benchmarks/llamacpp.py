@@ -183,7 +183,8 @@ def llama_method(row: str, exe: Path, model: Path, tokenizer, threads: int, ctx:
         tokens = tokenizer.encode(got.text, add_special_tokens=False)[:max_new]
         rec = {"tokens": tokens, "text": got.text, "prefill_ms": got.prefill_ms, "total_ms": wall,
                "decode_ms": got.decode_ms, "decode_tokens": got.decode_tokens, "target_forwards": got.target_forwards,
-               "llama_new_tokens": got.new_tokens, "prompt_tokens_llama": got.prompt_tokens, "eog": got.eog}
+               # llama.cpp's own count (tau's numerator; speculative rows may pass -n), not len(tokens)
+               "new_tokens": got.new_tokens, "prompt_tokens_llama": got.prompt_tokens, "eog": got.eog}
         if got.drafted is not None:
             rec |= {"drafted": got.drafted, "accepted": got.accepted}
         return rec

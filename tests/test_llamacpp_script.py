@@ -200,6 +200,9 @@ def test_a_whole_run_interleaves_llamacpp_rows_with_ours(tmp_path):
     assert len(runs) == 2 and all(r["decode_tokens"] == AR_COUNTS[1] for r in runs)
     assert s["llama_ar"]["tokens_per_s"] == pytest.approx(1e3 * AR_COUNTS[1] / AR_DECODE_MS)
     assert s["llama_spec"]["accept_rate"] == pytest.approx(SPEC_COUNTS[4] / SPEC_COUNTS[3])
+    # tau from llama.cpp's own counts: new tokens / target forwards (each verification: accepted + 1)
+    assert s["llama_ar"]["tau"] == 1.0
+    assert s["llama_spec"]["tau"] == pytest.approx(SPEC_COUNTS[2] / (SPEC_COUNTS[2] - SPEC_COUNTS[4]))
     assert s["cure_ar"]["all_match_hf_greedy"]                       # ours stays lossless beside them
     # every prompt ran every method, in the balanced order
     assert {r["run_position"] for r in report["results"] if r["prompt_index"] == 0} == set(range(5))
