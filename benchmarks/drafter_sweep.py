@@ -27,8 +27,8 @@ import common  # noqa: E402
 from synthetic_drafter import Profile, SyntheticDrafter, profile_for_tau  # noqa: E402
 
 from cure_core.config import DecodeConfig  # noqa: E402
-from cure_core.drafters.causal import ArDrafter  # noqa: E402
 from cure_core.engine import Engine, ModelPair  # noqa: E402
+from cure_core.models import build_pair  # noqa: E402
 from cure_core.tiny import BYTE_VOCAB, perturbed_copy, tiny_target  # noqa: E402
 
 METHODS = ("chain", "ddtree", "paper", "cure")
@@ -107,8 +107,7 @@ def sweep(args) -> dict:
                     synthetic = SyntheticDrafter(what, BYTE_VOCAB, 16)
                     pair = ModelPair(target=target, drafter=synthetic)
                 else:
-                    pair = ModelPair(target=target, drafter=ArDrafter(what, vocab_size=BYTE_VOCAB),
-                                     ar_drafter=ArDrafter(what, vocab_size=BYTE_VOCAB))
+                    pair = build_pair(target, what, drafter="ar", vocab_size=BYTE_VOCAB)[0]   # one AR drafter: every method
                 row[method] = run_one(pair, prompts, refs, cfg, synthetic)
             best = max(row[m]["tau"] for m in methods if m != "cure") if len(methods) > 1 else None
             if "cure" in row and best:

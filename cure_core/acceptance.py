@@ -1,6 +1,6 @@
 """What the target accepts: P(a node is accepted | its parent was), learned online from verified blocks.
 
-Best-first trees (ddtree, and best-first cure before this model) rank a node by its joint draft probability:
+ddtree ranks a node by its joint draft probability:
 the product of the drafter's q along its path. That is the target's acceptance only where the drafter is
 calibrated. A drafter that is right but unsure (every top-1 correct at q = 0.1) loses its depth to width
 under that ranking, and an over-confident one gets too deep a chain. So best-first cure ranks a node by

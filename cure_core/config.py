@@ -44,7 +44,7 @@ class DecodeConfig:
     max_new_tokens: int = 256     # stop after this many emitted tokens
     temperature: float = 0.0      # 0 = greedy (token-identical to ar); > 0 = lossless rejection sampling
     seed: int = 0                 # seeds the sampler's torch.Generator when temperature > 0
-    # --- CURE: uncertainty gate and branch budget (DESIGN.md steps 2-5) ---
+    # --- the paper tree: uncertainty gate and branch budget (strategies.build_paper_tree) ---
     tau_margin: float = 1.0       # positions with top1-top2 draft log-prob margin below this are UFPs
     b_min: int = 1                # repair branches granted at the least uncertain UFP
     b_max: int = 5                # repair branches granted at the most uncertain UFP
@@ -55,8 +55,9 @@ class DecodeConfig:
                                   # best-first trees (ddtree, cure best-first) take max(top_k, budget), so a
                                   # node may get as many children as the budget holds (strategies.proposal_width)
     # --- CURE's tree (strategies.py) ---
-    cure_tree: str = "best-first" # best-first: nodes by joint draft log-prob, suffixes re-drafted under the
-                                  # best substitutions | paper: branch 0 + repair branches at UFPs (the paper's)
+    cure_tree: str = "best-first" # best-first: nodes by what the target accepts (acceptance.py), suffixes
+                                  # re-drafted under the best substitutions | paper: branch 0 + repair branches at
+                                  # UFPs (the paper's)
     redrafts: int | None = None   # best-first: substitutions whose subtree is re-drafted per block (one pass);
                                   # None: the drafter's (Drafter.redraft_policy: 2 for DFlash, 3 for an AR
                                   # chain, 0 for one whose layers run int8: ArDrafter)
@@ -110,6 +111,8 @@ class DecodeConfig:
             raise ConfigError(f"K={self.k} is too large (at most 128)")
         if self.max_new_tokens < 1:
             raise ConfigError(f"`max_new_tokens` must be at least 1, got {self.max_new_tokens}")
+        if not 0 <= self.seed < 2 ** 64:
+            raise ConfigError(f"`seed` must lie in [0, 2**64 - 1], got {self.seed}")
         if self.temperature < 0:
             raise ConfigError(f"`temperature` must be >= 0, got {self.temperature}")
         if self.tau_margin < 0:

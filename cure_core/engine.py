@@ -207,7 +207,7 @@ class Engine:
         policy = self.policy_for(cfg)
         now = _clock(target.device, sync=timings or policy.timed)
 
-        # Step 0. Prefill: every prompt token but the last; the last becomes the first root. With a cached
+        # 0. Prefill: every prompt token but the last; the last becomes the first root. With a cached
         # prefix, the caches are truncated to the shared prefix and only the rest is prefilled.
         t0 = now()
         context = prompt[:-1]
@@ -247,12 +247,12 @@ class Engine:
             # Rule: emitted tokens (accepted + bonus) must fit both max_new_tokens and the context.
             room = min(cfg.depth, limit - ctx - 2, cfg.max_new_tokens - new - 1)
 
-            # Step 1-5. Plan: the budget, the drafted block, the tree (the policy's rule).
+            # 1. Plan: the budget, the drafted block, the tree (the policy's rule).
             plan = policy.plan(root, room, now)
             tree = plan.tree
             t_plan = now()
 
-            # Step 6. Verify: one target forward over [root, nodes]; node i is scratch row i + 1.
+            # 2. Verify: one target forward over [root, nodes]; node i is scratch row i + 1.
             fwd = target.forward([root] + tree.tokens, [-1] + [p + 1 for p in tree.parents])
             if cfg.temperature == 0:
                 pred = fwd.logits.argmax(-1).tolist()              # [N+1] on the host: the verify's one read
@@ -262,7 +262,7 @@ class Engine:
                 path, bonus = sample_accept(tree, fwd.logits, cfg.temperature, gen)
             t_verify = now()
 
-            # Step 7. Commit: keep exactly root + accepted nodes in the target cache; resync the drafter.
+            # 3. Commit: keep exactly root + accepted nodes in the target cache; resync the drafter.
             target.commit([0] + [i + 1 for i in path])
             state.target_ids += [root] + [tree.tokens[i] for i in path]
             branch0 = _branch0_chain(tree)
@@ -297,7 +297,7 @@ class Engine:
                                 verify_ms=(t_verify - t_plan) * 1e3, commit_ms=(t_commit - t_verify) * 1e3),
                 stop=stop, meta=plan.meta)
 
-            # Step 8. Learn: what the verified block teaches the policy (budget, acceptance, re-draft price).
+            # 4. Learn: what the verified block teaches the policy (budget, acceptance, re-draft price).
             block.meta.update(policy.learn(plan, block))
             yield block
             new += len(emitted)

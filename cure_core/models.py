@@ -239,11 +239,9 @@ def int8_unavailable(device: str, device_map: str | None, kernels: str) -> str |
 def auto_draft_dtype(dtype: str, device: str, device_map: str | None, kernels: str) -> str:
     """`draft_dtype` auto for a causal drafter (PARD, AR, the chain draft). Rule: under a float32 target on a
     CPU, with kernels that may pack, int8 where torch has fbgemm's int8 matmuls, else bfloat16 where oneDNN
-    runs bfloat16 matmuls; else the target's dtype. Each step measured: a packed bfloat16 pass reads half
-    a float32 one's bytes (the 1.5B pair's 0.5B chain: cure 25% faster, sd 10%, same acceptance;
-    benchmarks/results/draft_dtype_qwen15b_cpu), and an int8 one-row pass half a bfloat16 one's (cure 9%
-    faster again, sd 16%, ddtree over PARD 1.4%, same acceptance; benchmarks/results/draft_int8_qwen15b_cpu).
-    A DFlash drafter keeps the target's dtype under auto (its layers are small; not measured to pay)."""
+    runs bfloat16 matmuls; else the target's dtype. Why: a drafter's short passes are bandwidth-bound, so
+    fewer bytes per weight are faster at the same acceptance (benchmarks/results/SUMMARY.md, History of the
+    rules). A DFlash drafter keeps the target's dtype under auto (its layers are small; not measured to pay)."""
     if dtype == "float32" and device == "cpu" and not device_map and kernels != "eager":
         if int8_kernels():
             return "int8"

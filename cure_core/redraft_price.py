@@ -23,9 +23,7 @@ interval to the next, up to `probe_max`; a probe that by itself wins more than i
 decision that turns to "run", sets it back to `probe`, so a change of regime is still sampled at once.
 A budget with fewer than `early` passes of its own is decided by every budget's passes pooled (at its own
 rate), so each budget the tuner moves to does not pay its own first passes where the others already showed the
-pass does not pay; its probes then gather its own. On the 1.5B pair's PARD drafter (tuning prompts: HumanEval
-1-20, GSM8K 21-40, prose_tune10, 635 blocks) 21 passes won 3 tokens for 1253 ms, about 8 tokens' time, with
-the interval capped at 64 and no pooling; hence the pool and `probe_max` 256.
+pass does not pay; its probes then gather its own (the measurements: benchmarks/results/SUMMARY.md).
 At T>0 no gain is recorded: the decision then rests on what T=0 generations measured on the same engine,
 and otherwise the pass runs.
 """

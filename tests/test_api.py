@@ -120,7 +120,7 @@ def test_a_chat_of_three_turns_keeps_one_tuner(tiny_dirs):
         messages.append({"role": "assistant", "content": chat.decode([t for b in blocks for t in b.emitted])})
         seen.append((loaded.engine.tuner, len(loaded.engine.tuner.history)))
     tuners = {id(tuner) for tuner, _ in seen}
-    assert len(tuners) == 1 and len(loaded.engine._tuners) == 1
+    assert len(tuners) == 1 and len(loaded.engine._policies) == 1
     assert seen[0][1] < seen[1][1] < seen[2][1]           # it kept learning from every turn
 
 
@@ -130,7 +130,7 @@ def test_the_tuner_is_shared_across_lengths_not_across_policies(tiny_dirs):
     model.generate("x = 1", max_new_tokens=4)
     model.generate("y = 2", max_new_tokens=9, seed=3)
     model.generate("z = 3", max_new_tokens=4, strategy="ddtree")
-    assert len(model.engine._tuners) == 2
+    assert len(model.engine._policies) == 2
 
 
 def test_engine_flags_are_declared_once():

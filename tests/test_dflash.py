@@ -15,6 +15,7 @@ from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
 from cure_core.config import DecodeConfig
+from cure_core.drafters.base import Drafter
 from cure_core.drafters.dflash import DFlashDrafter, default_target_layer_ids, is_dflash_config, load_dflash
 from cure_core.engine import Engine, ModelPair, generate_ids
 from cure_core.errors import ModelLoadError
@@ -290,7 +291,7 @@ def test_redraft_is_each_branch_block_on_its_own(drafter, dtarget):
         assert g == rows.argmax(-1).tolist()
 
 
-class CheckedDFlash:
+class CheckedDFlash(Drafter):
     """Wraps a DFlashDrafter and checks every proposed block against the reference forward
     recomputed from scratch over the committed tokens (target features from a fresh chain pass)."""
 
@@ -381,7 +382,7 @@ def lossless_cases(n=32, seed=0):
         prompt = [rng.randrange(256) for _ in range(rng.randint(1, 16))]
         cfg = dict(k=k, max_new_tokens=rng.randint(1, 24), tau_margin=rng.choice([0.0, 0.5, 1.0, 3.0, 100.0]),
                    b_min=rng.randint(0, b_max), b_max=b_max, max_ufps=rng.randint(0, 3),
-                   v_max=rng.randint(k - 1, 48), beam=rng.randint(1, 5), top_k=max(2, b_max + 1) + rng.randint(0, 2),
+                   v_max=rng.randint(k - 1, 48), top_k=max(2, b_max + 1) + rng.randint(0, 2),
                    keep_branch0=rng.random() < 0.8, resync=rng.random() < 0.8)
         cases.append((prompt, cfg))
     return cases

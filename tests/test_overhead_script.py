@@ -8,8 +8,8 @@ def test_overhead_runs_each_strategy_at_each_budget_for_both_drafter_kinds(tmp_p
     with benchmark_script("overhead") as mod:
         pard = mod.main(["--blocks", "3", "--budgets", "16", "--threads", "1"])
         ar = mod.main(["--blocks", "3", "--budgets", "16", "--drafter", "ar", "--json", str(tmp_path / "ar.json")])
-    name = lambda r: (r["strategy"], r["v_max"], r.get("cure_tree"), r.get("calibrate", True))   # noqa: E731
-    # over PARD, best-first also without the node calibration: its host cost is the difference
+    name = lambda r: (r["strategy"], r["v_max"], r.get("cure_tree"), r.get("acceptance", True))   # noqa: E731
+    # over PARD, best-first also without the acceptance model: its host cost is the difference
     assert [name(r) for r in pard] == [("parallel", 15, None, True), ("ddtree", 16, None, True),
                                        ("cure", 16, "best-first", True), ("cure", 16, "best-first", False),
                                        ("cure", 16, "paper", True)]

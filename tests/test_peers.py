@@ -120,9 +120,11 @@ def test_strategy_variants_run_one_strategy_with_changed_fields(peers, tmp_path)
     attention = {m["name"]: m["settings"].get("attention") for m in ret["methods"]}
     assert attention["cure_ddtree:attention=sdpa"] == "sdpa" and attention["cure_cure:lookup=3"] == "grouped"
     assert any(s["method"] == "cure_ddtree:attention=x" for s in ret["skipped"])
-    # draft_dtype=: the pair opened again with bfloat16 drafters; an unknown dtype is skipped with why
-    assert {m["name"]: m["settings"].get("draft_dtype") for m in ret["methods"]}["cure_cure:draft_dtype=bfloat16"] \
-        == "bfloat16"
+    # draft_dtype=: the pair opened again with bfloat16 drafters (or, on a CPU without oneDNN bfloat16 kernels,
+    # skipped with that reason); an unknown dtype is skipped with why
+    dtypes = {m["name"]: m["settings"].get("draft_dtype") for m in ret["methods"]}
+    bf16_skip = [s["reason"] for s in ret["skipped"] if s["method"] == "cure_cure:draft_dtype=bfloat16"]
+    assert dtypes.get("cure_cure:draft_dtype=bfloat16") == "bfloat16" or (bf16_skip and "bfloat16" in bf16_skip[0])
     assert any(s["method"] == "cure_cure:draft_dtype=int4" and "int4" in s["reason"] for s in ret["skipped"])
     assert ret["config"]["engine"]["draft_dtype"] == "auto"
     assert all(r["matches_hf_greedy"] for r in ret["results"])

@@ -201,7 +201,7 @@ def test_ddtree_never_grafts_an_impossible_candidate():
 
 
 @pytest.mark.parametrize("bad", [dict(k=1), dict(v_max=3), dict(b_min=4, b_max=2), dict(strategy="nope"),
-                                 dict(temperature=-1), dict(top_k=3)])
+                                 dict(temperature=-1), dict(top_k=3), dict(seed=-1), dict(seed=2 ** 64)])
 def test_invalid_config_is_refused(bad):
     with pytest.raises(ConfigError):
         DecodeConfig(**bad)
