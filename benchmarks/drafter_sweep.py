@@ -80,7 +80,7 @@ def tiny_drafters(target: torch.nn.Module) -> dict:
 def sweep(args) -> dict:
     target = tiny_target(seed=0)
     prompts = [list(p.encode()) for p in PROMPTS[: args.prompts]]
-    ar = DecodeConfig(strategy="ar", max_new_tokens=args.tokens, stop_at_eos=False)
+    ar = DecodeConfig.of(strategy="ar", max_new_tokens=args.tokens, stop_at_eos=False)
     refs = [[t for b in Engine(ModelPair(target=target)).generate(p, ar) for t in b.emitted] for p in prompts]
     budgets = [int(b) for b in args.budgets.split(",")]
     methods = [m for m in METHODS if m in common_list(args.only)]
@@ -95,7 +95,7 @@ def sweep(args) -> dict:
     for name, what, block in drafters:
         for budget in budgets:
             k = min(16, budget + 1)
-            base = DecodeConfig(k=k, v_max=budget, max_new_tokens=args.tokens, stop_at_eos=False)
+            base = DecodeConfig.of(k=k, v_max=budget, max_new_tokens=args.tokens, stop_at_eos=False)
             if args.auto:
                 base = DecodeConfig.from_user(k=k, v_max="auto", max_new_tokens=args.tokens, stop_at_eos=False)
             row = {"drafter": name, "budget": "auto" if args.auto else budget, "k": k}

@@ -187,12 +187,12 @@ def lossless(device: torch.device, n_prompts: int, new_tokens: int = 24, only: t
     base = dict(max_new_tokens=new_tokens, stop_at_eos=False)
     rows, accepted = [], 0
     for drafter, pair in pairs.items():
-        refs = [generate_ids(pair, DecodeConfig(strategy="ar", kv_cache="dynamic", **base), p) for p in prompts]
+        refs = [generate_ids(pair, DecodeConfig.of(strategy="ar", kv_cache="dynamic", **base), p) for p in prompts]
         for label, conf in LOSSLESS_CONFIGS:
             if only and label not in only:
                 continue
-            cfg = DecodeConfig(**base, **conf)
-            use = prompts[:3] if cfg.compile else prompts
+            cfg = DecodeConfig.of(**base, **conf)
+            use = prompts[:3] if cfg.execution.compile else prompts
             t0 = time.perf_counter()
             bad, tau, error = [], [], None
             try:
@@ -371,7 +371,7 @@ def e2e(target, drafter: SyntheticDrafter, clock: Clock, runs, prompts, new_toke
     pair = ModelPair(target=target, drafter=drafter)
     engine = Engine(pair)
     base = dict(k=k, max_new_tokens=new_tokens, stop_at_eos=False, compile=compile, kv_cache="static")
-    cfgs = {label: DecodeConfig(**base, **({"lookup": 0} if conf["strategy"] == "cure" else {}), **conf)
+    cfgs = {label: DecodeConfig.of(**base, **({"lookup": 0} if conf["strategy"] == "cure" else {}), **conf)
             for label, conf in runs}
     wrapped: set = set()
     stats = {label: {"tokens": 0, "seconds": 0.0, "blocks": 0, "tree": [], "overhead": [], "equal": 0, "prompts": 0}
@@ -607,7 +607,7 @@ def main(argv=None) -> dict:
                 if drafter == "dflash":                  # its network and the target's embedding/head it calls
                     clock.watch(built[drafter].model, target.get_input_embeddings(), target.lm_head)
             pair = ModelPair(target=target, drafter=built[drafter])
-            cfg = DecodeConfig(strategy=strategy, v_max=v_max, max_new_tokens=10_000, stop_at_eos=False, **extra)
+            cfg = DecodeConfig.of(strategy=strategy, v_max=v_max, max_new_tokens=10_000, stop_at_eos=False, **extra)
             overhead(pair, clock, cfg, prompt, 3)                                  # warm-up
             row = {"drafter": drafter, **overhead(pair, clock, cfg, prompt, args.blocks)}
             report["overhead"].append(row)

@@ -158,7 +158,7 @@ def main(argv=None) -> list[dict]:
         except ValueError as e:
             ap.error(f"--synthetic-tau: {e}")
         pair.drafter = SyntheticDrafter(profile, BYTE_VOCAB, SYNTHETIC_K, inner=pair.drafter, mask_token_id=MASK_ID)
-        ref = [t for b in Engine(pair).generate(prompt, DecodeConfig(strategy="ar", max_new_tokens=64,
+        ref = [t for b in Engine(pair).generate(prompt, DecodeConfig.of(strategy="ar", max_new_tokens=64,
                                                                      kv_cache=args.kv_cache)) for t in b.emitted]
         pair.drafter.expect(prompt + ref)               # every lossless run emits exactly this
     runs = [("parallel" if block else "sd", 15, {})]
@@ -168,7 +168,7 @@ def main(argv=None) -> list[dict]:
         runs += [("cure", v, {"cure_tree": "best-first", "acceptance": False})] if block else []
         runs += [("cure", v, {"cure_tree": "paper"})] if block else []
         runs += [("cure", v, {"cure_tree": "best-first", "redrafts": int(r)}) for r in args.redrafts.split(",") if r]
-    cfgs = [DecodeConfig(strategy=strategy, v_max=v_max, max_new_tokens=64, kv_cache=args.kv_cache,
+    cfgs = [DecodeConfig.of(strategy=strategy, v_max=v_max, max_new_tokens=64, kv_cache=args.kv_cache,
                          auto_budget=args.auto, **({"k": SYNTHETIC_K} if synthetic else {}), **extra)
             for strategy, v_max, extra in runs]
     measure(pair, clocks, cfgs, prompt, 10)          # warm-up

@@ -99,8 +99,7 @@ def chat(
         loaded = open_models(args, strategies=STRATEGIES)    # every strategy is one key away in the app
         cfg = loaded.config
         if record is not None and restore_settings and record.settings:
-            fields = DecodeConfig.__dataclass_fields__
-            cfg = DecodeConfig(**{k: v for k, v in record.settings.items() if k in fields})
+            cfg = DecodeConfig.from_dict(record.settings)
         engine = ModelEngine(loaded)
     cfg = engine.check(cfg)
     needs_terminal("chat")

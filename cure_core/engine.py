@@ -118,13 +118,15 @@ class Engine:
     def target_for(self, cfg: DecodeConfig) -> CachedLM:
         drafter = self.pair.drafter_for(cfg.strategy)
         layers = drafter.target_layers if drafter is not None else ()
-        key = (tuple(layers), cfg.kv_cache, cfg.compile)
+        run = cfg.execution
+        key = (tuple(layers), run.kv_cache, run.compile)
         if key not in self._targets:
-            self._targets[key] = CachedLM(self.pair.target, hidden_layers=layers, kv=cfg.kv_cache, compile=cfg.compile)
+            self._targets[key] = CachedLM(self.pair.target, hidden_layers=layers, kv=run.kv_cache, compile=run.compile)
         return self._targets[key]
 
     def _make_tuner(self, cfg: DecodeConfig) -> BudgetTuner:
-        curve = measure_cost_curve(self.pair.target, max_size=cfg.v_max, kv=cfg.kv_cache, compile=cfg.compile)
+        curve = measure_cost_curve(self.pair.target, max_size=cfg.v_max, kv=cfg.execution.kv_cache,
+                                   compile=cfg.execution.compile)
         # Budget 0 skips drafting (a plain ar step: where verifying even 2 tokens costs more than the
         # drafts win back, e.g. a CPU); budgets up to K-1 shorten the block itself (branch 0 stays whole,
         # just shorter: a smaller K); larger ones leave room for repair branches (tree strategies only).
@@ -217,7 +219,7 @@ class Engine:
         if drafter is not None:
             # Rule: a compiled generation runs the drafter's passes over static shapes too, compiled, sized for
             # the same generation (DFlashDrafter.compile_for); any other generation runs plain passes.
-            drafter.compile_for(capacity if cfg.compile else None)
+            drafter.compile_for(capacity if cfg.execution.compile else None)
         if reused:
             target.truncate(reused)
             if drafter is not None:
@@ -266,7 +268,7 @@ class Engine:
             target.commit([0] + [i + 1 for i in path])
             state.target_ids += [root] + [tree.tokens[i] for i in path]
             branch0 = _branch0_chain(tree)
-            resync_nodes = path if cfg.resync else [branch0[d] if d < len(branch0) else path[d]
+            resync_nodes = path if cfg.ablations.resync else [branch0[d] if d < len(branch0) else path[d]
                                                     for d in range(len(path))]
             resync_tokens = [tree.tokens[i] for i in resync_nodes]
             if drafter is not None:
@@ -288,7 +290,7 @@ class Engine:
                                                      accepted=i in accepted) for i in range(len(tree))),
                 accepted=tuple(path), winner=tree.branches[path[-1]] if path else 0,
                 branch0_accepted=common_prefix(path, branch0), bonus=bonus, emitted=tuple(emitted),
-                resync=Resync(mode=("winner" if cfg.resync else "branch0") if drafter is not None else "none",
+                resync=Resync(mode=("winner" if cfg.ablations.resync else "branch0") if drafter is not None else "none",
                               tokens=tuple(resync_tokens)),
                 timings=Timings(prefill_ms=prefill_ms if index == 0 else 0.0,
                                 prefill_tokens=len(context) - reused if index == 0 else 0,

@@ -90,7 +90,7 @@ class Chain(Policy):
         return plan
 
     def propose(self, root: int, n: int, budget: int) -> Proposal:
-        return self.drafter.propose(root, n, self.cfg.top_k)
+        return self.drafter.propose(root, n, self.cfg.paper.top_k)
 
     def build(self, proposal: Proposal, budget: int, root: int) -> TreePlan:
         return TreePlan(chain_tree(proposal))
@@ -123,7 +123,7 @@ class DDTree(Chain):
     """The reference rule alone: best-first by joint draft log-prob over the per-position top-k."""
 
     def propose(self, root: int, n: int, budget: int) -> Proposal:
-        return self.drafter.propose(root, n, max(self.cfg.top_k, budget))
+        return self.drafter.propose(root, n, max(self.cfg.paper.top_k, budget))
 
     def build(self, proposal: Proposal, budget: int, root: int) -> TreePlan:
         return TreePlan(build_ddtree(proposal, budget))
@@ -143,8 +143,8 @@ class BestFirstCure(Chain):
     def __init__(self, cfg: DecodeConfig, drafter: Drafter, tuner: BudgetTuner | None = None):
         super().__init__(cfg, drafter, tuner)
         self.redrafts = redraft_policy(cfg, drafter)
-        self.acceptance = AcceptanceModel() if cfg.acceptance else None
-        self.lookup = LookupStats() if cfg.lookup > 0 else None
+        self.acceptance = AcceptanceModel() if cfg.best_first.acceptance else None
+        self.lookup = LookupStats() if cfg.best_first.lookup > 0 else None
         # Rule: over a block-parallel drafter the re-draft pass is one more drafter forward, run only where it
         # pays (redraft_price.py): the tuner prices it under --v-max auto, this at a fixed budget. A chain
         # drafter re-drafts inside its own steps: no pass.
@@ -153,8 +153,8 @@ class BestFirstCure(Chain):
         # Rule: over a sequential drafter, the chain stops where it gets too unlikely to pay for its next step
         # (BudgetTuner.draft_stop), and a node off the chain joins only where it pays for its row
         # (BudgetTuner.alt_floor); both price with the tuner's rate.
-        self.stops = cfg.draft_stop and drafter.sequential and tuner is not None
-        self.floored = self.stops and cfg.alt_floor
+        self.stops = cfg.best_first.draft_stop and drafter.sequential and tuner is not None
+        self.floored = self.stops and cfg.best_first.alt_floor
         self.ngrams: NgramIndex | None = None
         self._stop: float | None = None       # this block's draft stop (a joint draft log-prob), if any
 
@@ -172,7 +172,7 @@ class BestFirstCure(Chain):
         return super().plan(root, room, now)
 
     def propose(self, root: int, n: int, budget: int) -> Proposal:
-        width = max(self.cfg.top_k, budget)     # a node may get as many children as the budget holds
+        width = max(self.cfg.paper.top_k, budget)     # a node may get as many children as the budget holds
         self._stop = self.tuner.draft_stop(budget) if self.stops else None
         if self._stop is not None:              # a stopped chain leaves the budget room for its re-drafts
             return self.drafter.propose_with_redrafts(root, n, width, self.redrafts.count, self._stop)
@@ -188,7 +188,7 @@ class BestFirstCure(Chain):
         n, tuner = len(proposal.tokens), self.tuner
         graft = None
         if self.ngrams is not None:
-            tokens = self.ngrams.continuation(min(self.cfg.lookup, n))
+            tokens = self.ngrams.continuation(min(self.cfg.best_first.lookup, n))
             graft = Graft(tokens, self.lookup.path_logp(len(tokens))) if tokens else None
         if self.price is not None:
             redraft = self.price.pays(budget, self.price.measured_rate)

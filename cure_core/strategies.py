@@ -73,8 +73,8 @@ def drafted_steps(cfg: DecodeConfig, budget: int) -> int:
 def redraft_policy(cfg: DecodeConfig, drafter: Drafter) -> RedraftPolicy:
     """Best-first cure's re-drafts: the config's `redrafts` / `redraft_weight` where set, else the drafter's."""
     own = drafter.redraft_policy
-    return RedraftPolicy(count=own.count if cfg.redrafts is None else cfg.redrafts,
-                         weight=own.weight if cfg.redraft_weight is None else cfg.redraft_weight)
+    return RedraftPolicy(count=own.count if cfg.best_first.redrafts is None else cfg.best_first.redrafts,
+                         weight=own.weight if cfg.best_first.redraft_weight is None else cfg.best_first.redraft_weight)
 
 
 def chain_tree(proposal: Proposal | None) -> DraftTree:
@@ -373,11 +373,11 @@ def build_cure_best_first(proposal: Proposal, drafter: Drafter, budget: int, red
 def select_ufps(cfg: DecodeConfig, margins: Sequence[float]) -> list[tuple[int, float, int]]:
     """(position, margin, budget) for up to max_ufps positions with m_i < tau_margin, most fragile
     first. Budget: u_i = clamp(1 - m_i/tau_margin, 0, 1); b_i = b_min + round(u_i (b_max - b_min))."""
-    fragile = sorted((m, i) for i, m in enumerate(margins) if m < cfg.tau_margin)[: cfg.max_ufps]
+    fragile = sorted((m, i) for i, m in enumerate(margins) if m < cfg.paper.tau_margin)[: cfg.paper.max_ufps]
     picked = []
     for m, i in fragile:
-        u = min(max(1.0 - m / max(cfg.tau_margin, 1e-9), 0.0), 1.0)
-        b = cfg.b_min + int(math.floor(u * (cfg.b_max - cfg.b_min) + 0.5))   # round half up
+        u = min(max(1.0 - m / max(cfg.paper.tau_margin, 1e-9), 0.0), 1.0)
+        b = cfg.paper.b_min + int(math.floor(u * (cfg.paper.b_max - cfg.paper.b_min) + 0.5))   # round half up
         picked.append((i, m, b))
     return picked
 
@@ -402,7 +402,7 @@ def build_paper_tree(proposal: Proposal, drafter: Drafter, cfg: DecodeConfig, bu
             lengths.append(n - pos - 1)                       # re-draft down to the block's depth
             owners.append(pos)
         ufps.append((pos, margin, branches, tuple(alts)))
-    if cfg.keep_branch0:
+    if cfg.ablations.keep_branch0:
         # Rule: only repairs that will get a node under V_max are re-drafted. Small budgets (the tuner's
         # shorter blocks, K = V + 1) leave no room past branch 0, and re-drafting there was pure cost.
         fit = repairs_that_fit(n, owners, lengths, budget, beam)
@@ -414,7 +414,7 @@ def build_paper_tree(proposal: Proposal, drafter: Drafter, cfg: DecodeConfig, bu
     # branches follow in UFP order, most probable substitute first.
     tree = DraftTree()
     has_repairs = bool(prefixes)
-    if cfg.keep_branch0 or not has_repairs:
+    if cfg.ablations.keep_branch0 or not has_repairs:
         tree.add_path(block, branch=0)
     else:
         # Ablation (no branch 0): keep only the drafted prefix the repairs share, up to the first UFP.

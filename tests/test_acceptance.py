@@ -137,7 +137,7 @@ def test_cure_over_a_copy_of_the_target_drafts_as_deep_as_the_chain(target):
     draft = copy.deepcopy(target)
     with torch.no_grad():
         draft.lm_head.weight.mul_(0.1)
-    cfg = DecodeConfig(k=8, v_max=16, max_new_tokens=48, stop_at_eos=False)
+    cfg = DecodeConfig.of(k=8, v_max=16, max_new_tokens=48, stop_at_eos=False)
     taus = {}
     for strategy in ("sd", "cure"):
         pair = ModelPair(target=target, drafter=ArDrafter(draft, vocab_size=BYTE_VOCAB),

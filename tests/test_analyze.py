@@ -69,7 +69,7 @@ def planted(seed=0, gens=30, per_gen=10, signal=True):
 
 
 def write_trace(path, generations, strategy="cure", **cfg_changes):
-    cfg = DecodeConfig(strategy=strategy, k=N + 1, **cfg_changes).to_dict()
+    cfg = DecodeConfig.of(strategy=strategy, k=N + 1, **cfg_changes).to_dict()
     w = TraceWriter(path, models={"target": "synthetic"}, config=cfg)
     for blocks in generations:
         w.begin([1, 2, 3], "synthetic", strategy, cfg)
@@ -147,7 +147,7 @@ def test_scorer_finds_a_planted_signal(tmp_path):
     assert rows[0.3]["scorer"]["extra_token_recall"] > rows[0.3]["margin"]["extra_token_recall"]
     assert rows[0.1]["chance"]["precision"] == pytest.approx(base)
     # the same analysis through the API, with the gradient-boosting scorer
-    gens = [(str(i), DecodeConfig(k=N + 1).to_dict(), b) for i, b in enumerate(planted(seed=3))]
+    gens = [(str(i), DecodeConfig.of(k=N + 1).to_dict(), b) for i, b in enumerate(planted(seed=3))]
     res = analyze(gens, seed=0, model="hgb")
     assert res["auc"]["scorer"] > 0.75
 

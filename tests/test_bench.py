@@ -18,7 +18,7 @@ from cure_core.metrics import balanced_order
 from cure_tasks import Problem
 from cure_cli.main import app
 from cure_core.block import UFP, Block, Resync, Timings, TreeNode
-from cure_core.config import DecodeConfig
+from cure_core.config import Ablations, DecodeConfig
 from cure_core.tiny import save_tiny_pair
 from cure_core.trace import read_trace
 
@@ -96,7 +96,7 @@ def test_match_rate_is_common_prefix_over_longer_length():
 
 
 def test_speedup_match_and_ablation_deltas_in_compute():
-    base = DecodeConfig(k=5)
+    base = DecodeConfig.of(k=5)
     runs = build_runs(base, ["ar", "sd", "cure"], ["resync"])
     ar = [blk("ar", draft=0, accepted=0, ms=10.0) for _ in range(4)]          # 4 tokens, 40 ms -> TPOT 10
     sd = [blk("sd", accepted=1, ms=10.0) for _ in range(2)]                   # 4 tokens, 20 ms -> TPOT 5
@@ -136,9 +136,9 @@ def test_build_runs_with_ablations():
     runs = build_runs(DecodeConfig(), ["ar", "cure"], ["branch0", "resync"])
     assert [r.name for r in runs] == ["ar", "cure", "cure-no-branch0", "cure-no-resync", "cure-no-branch0-no-resync"]
     cfg = {r.name: r.config for r in runs}
-    assert cfg["cure-no-branch0"].keep_branch0 is False and cfg["cure-no-branch0"].resync is True
-    assert cfg["cure-no-resync"].resync is False and cfg["cure-no-resync"].keep_branch0 is True
-    assert not cfg["cure-no-branch0-no-resync"].resync and not cfg["cure-no-branch0-no-resync"].keep_branch0
+    assert cfg["cure-no-branch0"].ablations == Ablations(keep_branch0=False, resync=True)
+    assert cfg["cure-no-resync"].ablations == Ablations(keep_branch0=True, resync=False)
+    assert cfg["cure-no-branch0-no-resync"].ablations == Ablations(keep_branch0=False, resync=False)
     assert all(r.strategy == "cure" for r in runs[1:])
     with pytest.raises(BenchError, match="unknown strategy"):
         build_runs(DecodeConfig(), ["fast"])
@@ -149,7 +149,7 @@ def test_build_runs_with_ablations():
 
 def test_interleaving_is_prompt_major_and_skips_done_pairs():
     prompts = [BenchPrompt(i, Problem(task_id=f"t{i}", prompt="x", kind="code"), (1,)) for i in range(3)]
-    runs = [RunSpec(s, DecodeConfig(strategy=s)) for s in ("ar", "parallel", "cure")]
+    runs = [RunSpec(s, DecodeConfig.of(strategy=s)) for s in ("ar", "parallel", "cure")]
     order = [(p.index, r.name) for p, r in interleave(prompts, runs, order="fixed")]
     assert order == [(0, "ar"), (0, "parallel"), (0, "cure"), (1, "ar"), (1, "parallel"), (1, "cure"),
                      (2, "ar"), (2, "parallel"), (2, "cure")]

@@ -24,8 +24,8 @@ def test_every_strategy_is_lossless_with_a_causal_draft_vocabulary(target, draft
     pair = vocab_pair(target, drafts["mild"])
     for prompt in PROMPTS:
         for conf in (dict(k=4, v_max=12), dict(k=8, v_max=32, tau_margin=3.0, max_ufps=2)):
-            ar = generate_ids(pair, DecodeConfig(strategy="ar", max_new_tokens=20, **conf), prompt)
-            assert generate_ids(pair, DecodeConfig(strategy=strategy, max_new_tokens=20, **conf), prompt) == ar
+            ar = generate_ids(pair, DecodeConfig.of(strategy="ar", max_new_tokens=20, **conf), prompt)
+            assert generate_ids(pair, DecodeConfig.of(strategy=strategy, max_new_tokens=20, **conf), prompt) == ar
 
 
 @pytest.mark.parametrize("kind", ["ar", "pard"])

@@ -107,7 +107,7 @@ def test_the_engine_builds_the_tree_a_replay_of_the_proposal_builds(target, draf
     """The tree from the drafter's in-step re-drafts equals the one built from its proposal alone (the
     re-drafts then asked of redraft_topk): a replay of recorded proposals builds what the engine verifies."""
     d = ArDrafter(drafts["mild"], vocab_size=BYTE_VOCAB)
-    cfg = DecodeConfig(strategy="cure", k=8, v_max=24, redrafts=2, redraft_weight=1.0)
+    cfg = DecodeConfig.of(strategy="cure", k=8, v_max=24, redrafts=2, redraft_weight=1.0)
     policy = BestFirstCure(cfg, d)
     assert policy.fused(7, 24) == 2 and policy.fused(7, 7) == 0      # a budget with no room past the chain: none
     policy = redraft_policy(cfg, d)
@@ -129,7 +129,7 @@ def test_the_engine_builds_the_tree_a_replay_of_the_proposal_builds(target, draf
        noise=st.sampled_from(["mild", "strong"]), auto=st.booleans())
 def test_cure_over_an_ar_chain_equals_ar(target, drafts, prompt, k, extra, redrafts, weight, noise, auto):
     pair = ar_pair(target, drafts[noise])
-    cfg = DecodeConfig(strategy="cure", k=k, v_max=k - 1 + extra, redrafts=redrafts, redraft_weight=weight,
+    cfg = DecodeConfig.of(strategy="cure", k=k, v_max=k - 1 + extra, redrafts=redrafts, redraft_weight=weight,
                        max_new_tokens=30, auto_budget=auto)
     ref = generate_ids(pair, cfg.with_(strategy="ar", auto_budget=False), prompt)
     assert generate_ids(pair, cfg, prompt) == ref
@@ -172,7 +172,7 @@ def test_cure_over_an_ar_chain_stops_drafting_where_the_chain_gets_unlikely(targ
     handed = {}
     monkeypatch.setattr(Engine, "_make_tuner", lambda self, cfg: Cycle())
     pair = ar_pair(target, drafts["mild"])
-    cfg = DecodeConfig(strategy=strategy, k=8, v_max=24, max_new_tokens=80, auto_budget=True, lookup=0)
+    cfg = DecodeConfig.of(strategy=strategy, k=8, v_max=24, max_new_tokens=80, auto_budget=True, lookup=0)
     prompt = list(b"def add(a, b):\n    return")
     blocks = list(Engine(pair, cfg).generate(prompt))
     assert [t for b in blocks for t in b.emitted] == generate_ids(pair, cfg.with_(strategy="ar", auto_budget=False), prompt)
@@ -231,7 +231,7 @@ def test_a_block_with_no_room_to_draft_under_a_draft_stop(target, drafts, monkey
     pair = ar_pair(target, drafts["mild"])
     prompt = list(b"x = [1, 2,")
     for n in (1, 2, 3, 5):
-        cfg = DecodeConfig(strategy="cure", k=6, v_max=12, max_new_tokens=n, auto_budget=True, lookup=0)
+        cfg = DecodeConfig.of(strategy="cure", k=6, v_max=12, max_new_tokens=n, auto_budget=True, lookup=0)
         ref = generate_ids(pair, cfg.with_(strategy="ar", auto_budget=False), prompt)
         assert [t for b in Engine(pair, cfg).generate(prompt) for t in b.emitted] == ref
 
@@ -264,7 +264,7 @@ def test_cure_over_a_chain_verifies_alternatives_only_above_the_tuners_floor(tar
     monkeypatch.setattr(Engine, "_make_tuner", lambda self, cfg: Fixed())
     pair = ar_pair(target, drafts["mild"])
     prompt = list(b"def add(a, b):\n    return")
-    cfg = DecodeConfig(strategy="cure", k=6, v_max=8, max_new_tokens=40, auto_budget=True, lookup=0)
+    cfg = DecodeConfig.of(strategy="cure", k=6, v_max=8, max_new_tokens=40, auto_budget=True, lookup=0)
     blocks = list(Engine(pair, cfg).generate(prompt))
     assert [t for b in blocks for t in b.emitted] == generate_ids(pair, cfg.with_(strategy="ar", auto_budget=False), prompt)
     off_chain = [sum(n.branch != 0 for n in b.nodes) for b in blocks]

@@ -29,7 +29,7 @@ from test_tui import SAMPLE, anyio_backend, tiny_engine, tok, wait_until  # noqa
 pytestmark = pytest.mark.anyio
 
 
-CFG = DecodeConfig(k=4, max_new_tokens=12, v_max=24)
+CFG = DecodeConfig.of(k=4, max_new_tokens=12, v_max=24)
 
 
 def plain(widget: Static) -> str:
@@ -282,7 +282,7 @@ async def test_answers_render_as_markdown_streamed_throttled_then_whole(tok, mon
     monkeypatch.setattr(Markdown, "append", append)
     monkeypatch.setattr(Markdown, "update", update)
     engine = MarkdownReplay(read_trace(SAMPLE), tok, delay=0.02)     # ~1 s of streaming
-    app = ChatApp(engine, DecodeConfig(k=8), baseline_tps=1.0, cursor_blink=False)
+    app = ChatApp(engine, DecodeConfig.of(k=8), baseline_tps=1.0, cursor_blink=False)
     async with app.run_test(size=(100, 30)) as pilot:
         await ask(pilot, app, "primes?")
         await pilot.pause(0.3)

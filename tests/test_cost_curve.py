@@ -57,7 +57,7 @@ def test_every_budget_up_to_the_block_is_a_candidate(pair):
     """The tuner may pick any tree size up to K-1 nodes (where a kernel step makes 5 nodes as cheap as 4),
     and the wider sizes above it."""
     from cure_core.engine import Engine
-    cfg = DecodeConfig(strategy="cure", k=8, v_max=16, auto_budget=True)
+    cfg = DecodeConfig.of(strategy="cure", k=8, v_max=16, auto_budget=True)
     tuner = Engine(pair, cfg)._make_tuner(cfg)
     assert tuner.candidates == [0, 1, 2, 3, 4, 5, 6, 7, 8, 12, 16]
     assert set(tuner.candidates) <= set(tuner.curve.sizes)

@@ -332,9 +332,9 @@ def test_every_block_of_a_generation_matches_the_reference(drafter, dtarget, str
     checked = CheckedDFlash(drafter, dtarget)
     pair = ModelPair(target=dtarget, drafter=checked)
     prompt = list(b"def fib(n):")
-    cfg = DecodeConfig(strategy=strategy, k=8, max_new_tokens=20, tau_margin=2.0)
+    cfg = DecodeConfig.of(strategy=strategy, k=8, max_new_tokens=20, tau_margin=2.0)
     out = generate_ids(pair, cfg, prompt)
-    assert out == generate_ids(ModelPair(target=dtarget), DecodeConfig(strategy="ar", max_new_tokens=20), prompt)
+    assert out == generate_ids(ModelPair(target=dtarget), DecodeConfig.of(strategy="ar", max_new_tokens=20), prompt)
     assert checked.checked >= 2
 
 
@@ -360,10 +360,10 @@ class OracleDFlash(CheckedDFlash):
 @pytest.mark.parametrize("resync", [True, False])
 def test_long_accepted_paths_keep_the_cache_exact(drafter, dtarget, resync):
     prompt = list(b"class A:")
-    ar = generate_ids(ModelPair(target=dtarget), DecodeConfig(strategy="ar", max_new_tokens=40), prompt)
+    ar = generate_ids(ModelPair(target=dtarget), DecodeConfig.of(strategy="ar", max_new_tokens=40), prompt)
     oracle = OracleDFlash(drafter, dtarget, prompt + ar)
     pair = ModelPair(target=dtarget, drafter=oracle)
-    blocks = list(Engine(pair, DecodeConfig(strategy="parallel", k=8, max_new_tokens=40, resync=resync))
+    blocks = list(Engine(pair, DecodeConfig.of(strategy="parallel", k=8, max_new_tokens=40, resync=resync))
                   .generate(prompt))
     assert [t for b in blocks for t in b.emitted] == ar
     assert max(len(b.accepted) for b in blocks) >= 4 and oracle.checked == len(blocks)
@@ -394,9 +394,9 @@ def test_every_strategy_is_lossless_with_the_dflash_drafter(drafter, dtarget):
     cases = lossless_cases()
     assert len(cases) >= 30
     for prompt, kw in cases:
-        ref = generate_ids(pair, DecodeConfig(strategy="ar", **kw), prompt)
+        ref = generate_ids(pair, DecodeConfig.of(strategy="ar", **kw), prompt)
         for strategy in ("parallel", "cure", "ddtree"):
-            blocks = list(Engine(pair, DecodeConfig(strategy=strategy, **kw)).generate(prompt))
+            blocks = list(Engine(pair, DecodeConfig.of(strategy=strategy, **kw)).generate(prompt))
             out = [t for b in blocks for t in b.emitted]
             assert out == ref, (strategy, prompt, kw)
             accepted += sum(len(b.accepted) for b in blocks)
@@ -457,9 +457,9 @@ def test_draft_vocab_columns_are_the_full_heads_logits(drafter, cut, dtarget):
 def test_every_strategy_is_lossless_with_a_draft_vocab(cut, dtarget):
     pair = ModelPair(target=dtarget, drafter=cut, eos_ids=())
     for prompt, kw in lossless_cases(n=12, seed=4):
-        ref = generate_ids(pair, DecodeConfig(strategy="ar", **kw), prompt)
+        ref = generate_ids(pair, DecodeConfig.of(strategy="ar", **kw), prompt)
         for strategy in ("parallel", "cure", "ddtree"):
-            assert generate_ids(pair, DecodeConfig(strategy=strategy, **kw), prompt) == ref, (strategy, prompt, kw)
+            assert generate_ids(pair, DecodeConfig.of(strategy=strategy, **kw), prompt) == ref, (strategy, prompt, kw)
 
 
 def test_the_drafter_runs_the_targets_current_head_packed_or_not(ckpt, dtarget, tmp_path):
@@ -522,8 +522,8 @@ def test_load_pair_detects_and_builds_dflash(saved):
         assert d.embed is loaded.pair.target.get_input_embeddings()
         assert loaded.pair.ar_drafter is None
         prompt = list(b"hey")
-        assert (generate_ids(loaded.pair, DecodeConfig(strategy="cure", k=6, max_new_tokens=12), prompt)
-                == generate_ids(loaded.pair, DecodeConfig(strategy="ar", max_new_tokens=12), prompt))
+        assert (generate_ids(loaded.pair, DecodeConfig.of(strategy="cure", k=6, max_new_tokens=12), prompt)
+                == generate_ids(loaded.pair, DecodeConfig.of(strategy="ar", max_new_tokens=12), prompt))
     assert load_pair(str(tdir), str(pard)).drafter_kind == "pard"      # PARD detection unchanged
     with pytest.raises(ModelLoadError, match="DFlash checkpoint"):
         load_pair(str(tdir), str(pard), drafter="dflash")
@@ -630,6 +630,6 @@ def test_dflash_layers_in_bfloat16_over_a_float32_target(saved, monkeypatch):
     d = loaded.pair.drafter
     assert d.dtype == torch.bfloat16 and loaded.pair.target.get_input_embeddings().weight.dtype == torch.float32
     for prompt in (list(b"hey"), list(b"def f(x):\n")):
-        ref = generate_ids(loaded.pair, DecodeConfig(strategy="ar", max_new_tokens=16), prompt)
+        ref = generate_ids(loaded.pair, DecodeConfig.of(strategy="ar", max_new_tokens=16), prompt)
         for strategy in ("parallel", "cure", "ddtree"):
-            assert generate_ids(loaded.pair, DecodeConfig(strategy=strategy, k=6, max_new_tokens=16), prompt) == ref
+            assert generate_ids(loaded.pair, DecodeConfig.of(strategy=strategy, k=6, max_new_tokens=16), prompt) == ref

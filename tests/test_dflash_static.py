@@ -62,14 +62,14 @@ def test_the_engine_compiles_the_drafter_for_compiled_generations_only(ckpt, dta
     pass_ = drafter._static_blocks
     monkeypatch.setattr(drafter, "_static_blocks", lambda blocks: statics.append(len(blocks)) or pass_(blocks))
     base = dict(max_new_tokens=24, stop_at_eos=False, k=8)
-    ref = generate_ids(pair, DecodeConfig(strategy="ar", **base), PROMPT)
+    ref = generate_ids(pair, DecodeConfig.of(strategy="ar", **base), PROMPT)
     for strategy in ("parallel", "ddtree", "cure"):
-        assert generate_ids(pair, DecodeConfig(strategy=strategy, v_max=12, compile=True, **base), PROMPT) == ref
+        assert generate_ids(pair, DecodeConfig.of(strategy=strategy, v_max=12, compile=True, **base), PROMPT) == ref
     assert drafter.static and drafter.net is not drafter.model and len(compiled) >= 1
     assert statics and all(n <= STATIC_BLOCKS[-1] for n in statics)
     assert drafter._rows[0][0].shape[1] >= len(PROMPT) + 24
     seen = len(statics)
-    assert generate_ids(pair, DecodeConfig(strategy="cure", v_max=12, **base), PROMPT) == ref
+    assert generate_ids(pair, DecodeConfig.of(strategy="cure", v_max=12, **base), PROMPT) == ref
     assert not drafter.static and len(statics) == seen                   # a plain generation: plain passes
 
 

@@ -42,7 +42,7 @@ def test_every_strategy_equals_ar_with_a_bfloat16_drafter(target, drafts, packed
     assert next(pair.drafter.model.parameters()).dtype == torch.bfloat16
     for prompt in PROMPTS:
         for k, v_max, auto in ((4, 3, False), (6, 12, False), (8, 30, True)):
-            base = DecodeConfig(strategy="ar", k=k, v_max=v_max, auto_budget=auto, max_new_tokens=24, tau_margin=1.0)
+            base = DecodeConfig.of(strategy="ar", k=k, v_max=v_max, auto_budget=auto, max_new_tokens=24, tau_margin=1.0)
             ref = generate_ids(pair, base, prompt)
             for strategy in SPECULATIVE:
                 assert generate_ids(pair, base.with_(strategy=strategy), prompt) == ref, (strategy, prompt, k)
@@ -53,7 +53,7 @@ def test_bfloat16_drafter_still_drafts_what_the_float32_one_does_mostly(target, 
     acceptance (tau) stays where it was."""
     f32, b16 = make_pair(target, drafts["mild"]), make_pair(target, bf16_copy(drafts["mild"], False))
     from cure_core.engine import Engine
-    cfg = DecodeConfig(strategy="parallel", k=6, max_new_tokens=30)
+    cfg = DecodeConfig.of(strategy="parallel", k=6, max_new_tokens=30)
     taus = []
     for pair in (f32, b16):
         blocks = list(Engine(pair, cfg).generate(list(b"def f(x):\n")))
@@ -72,8 +72,8 @@ def test_load_pair_loads_drafters_in_the_draft_dtype(tmp_path):
     assert loaded.kernels == ("packed" if K.bf16_kernels() else "eager")
     assert is_packed(loaded.pair.target) == K.bf16_kernels()
     prompt = list(b"def g(y):\n")
-    ref = generate_ids(loaded.pair, DecodeConfig(strategy="ar", max_new_tokens=16), prompt)
-    assert generate_ids(loaded.pair, DecodeConfig(strategy="cure", k=6, max_new_tokens=16), prompt) == ref
+    ref = generate_ids(loaded.pair, DecodeConfig.of(strategy="ar", max_new_tokens=16), prompt)
+    assert generate_ids(loaded.pair, DecodeConfig.of(strategy="cure", k=6, max_new_tokens=16), prompt) == ref
     assert load_pair(str(t), str(d)).draft_dtype == "float32"                 # default: the target's dtype
     assert load_pair(str(t), str(d), draft_dtype="bf16").draft_dtype == "bfloat16"   # an alias: reported by name
     with pytest.raises(ModelLoadError, match="unknown draft dtype 'int4'"):
@@ -120,9 +120,9 @@ def test_load_pair_auto_loads_causal_drafters_by_the_rule(tmp_path, monkeypatch,
     assert loaded.pair.drafter.model.get_output_embeddings().weight.dtype == want
     assert loaded.pair.target.get_output_embeddings().weight.dtype == torch.float32
     prompt = list(b"def g(y):\n")
-    ref = generate_ids(loaded.pair, DecodeConfig(strategy="ar", max_new_tokens=16), prompt)
+    ref = generate_ids(loaded.pair, DecodeConfig.of(strategy="ar", max_new_tokens=16), prompt)
     for strategy in SPECULATIVE:
-        assert generate_ids(loaded.pair, DecodeConfig(strategy=strategy, k=6, max_new_tokens=16), prompt) == ref
+        assert generate_ids(loaded.pair, DecodeConfig.of(strategy=strategy, k=6, max_new_tokens=16), prompt) == ref
     eager = load_pair(str(t), str(d), draft_dtype="auto", kernels="eager")
     assert eager.draft_dtype == "float32" and eager.kernels == "eager"
 
@@ -143,10 +143,10 @@ def test_int8_drafters_run_int8_short_passes_and_every_strategy_equals_ar(tmp_pa
         # the drafters' short passes run Int8Decoder (int8_decoder.py); the target's never do
         assert loaded.pair.drafter.lm.int8_decoder() is not None and loaded.pair.ar_drafter.lm.int8_decoder() is not None
         prompt = list(b"def g(y):\n")
-        ref = generate_ids(loaded.pair, DecodeConfig(strategy="ar", max_new_tokens=16), prompt)
+        ref = generate_ids(loaded.pair, DecodeConfig.of(strategy="ar", max_new_tokens=16), prompt)
         for strategy in SPECULATIVE:
             for k in (4, 6):
-                got = generate_ids(loaded.pair, DecodeConfig(strategy=strategy, k=k, max_new_tokens=16), prompt)
+                got = generate_ids(loaded.pair, DecodeConfig.of(strategy=strategy, k=k, max_new_tokens=16), prompt)
                 assert got == ref, (dd, strategy, k)
     with pytest.raises(ModelLoadError, match="int8.*packed kernels"):
         load_pair(str(t), str(d), draft_dtype="int8", kernels="eager")
@@ -209,8 +209,8 @@ def test_an_adapted_drafter_merges_in_float32_then_casts_once(tmp_path):
     assert torch.equal(merged, (w + 2.0 * (b @ a)).to(torch.bfloat16))
     loaded = load_pair(str(t), str(folder), draft_dtype="bfloat16")
     prompt = list(b"x = 1\n")
-    ref = generate_ids(loaded.pair, DecodeConfig(strategy="ar", max_new_tokens=12), prompt)
-    assert generate_ids(loaded.pair, DecodeConfig(strategy="cure", k=4, max_new_tokens=12), prompt) == ref
+    ref = generate_ids(loaded.pair, DecodeConfig.of(strategy="ar", max_new_tokens=12), prompt)
+    assert generate_ids(loaded.pair, DecodeConfig.of(strategy="cure", k=4, max_new_tokens=12), prompt) == ref
 
 
 def test_a_pair_can_share_another_pairs_target(tmp_path):
@@ -223,5 +223,5 @@ def test_a_pair_can_share_another_pairs_target(tmp_path):
     assert other.pair.drafter.model is not first.pair.drafter.model and other.draft_dtype == "bfloat16"
     assert other.kernels == "eager" and not is_packed(other.pair.drafter.model)
     prompt = list(b"def h(z):\n")
-    ref = generate_ids(first.pair, DecodeConfig(strategy="ar", max_new_tokens=12), prompt)
-    assert generate_ids(other.pair, DecodeConfig(strategy="cure", k=4, max_new_tokens=12), prompt) == ref
+    ref = generate_ids(first.pair, DecodeConfig.of(strategy="ar", max_new_tokens=12), prompt)
+    assert generate_ids(other.pair, DecodeConfig.of(strategy="cure", k=4, max_new_tokens=12), prompt) == ref

@@ -122,7 +122,7 @@ def test_every_strategy_equals_ar_with_a_flat_int8_drafter(build):
     assert pair.drafter.lm.int8_decoder() is not None and pair.ar_drafter.lm.int8_decoder() is not None
     for prompt in (list(range(10, 20)), [1, 2, 3, 4], list(range(100, 130, 3))):
         for k, v_max, auto in ((4, 3, False), (8, 12, False), (6, 30, True)):
-            base = DecodeConfig(strategy="ar", k=k, v_max=v_max, auto_budget=auto, max_new_tokens=20, tau_margin=1.0)
+            base = DecodeConfig.of(strategy="ar", k=k, v_max=v_max, auto_budget=auto, max_new_tokens=20, tau_margin=1.0)
             ref = generate_ids(pair, base, prompt)
             for strategy in ("sd", "parallel", "cure", "ddtree"):
                 assert generate_ids(pair, base.with_(strategy=strategy), prompt) == ref, (strategy, prompt, k)
@@ -139,7 +139,7 @@ def test_an_ar_chain_redrafts_nothing_once_its_steps_run_int8():
     model = int8_model(qwen2)
     chain = ArDrafter(model)
     assert chain.redraft_policy.count == 0
-    assert redraft_policy(DecodeConfig(strategy="cure", redrafts=2), chain).count == 2
+    assert redraft_policy(DecodeConfig.of(strategy="cure", redrafts=2), chain).count == 2
 
 
 def test_the_peers_variant_int8_decoder_off_runs_transformers_forward_then_restores():
@@ -155,11 +155,11 @@ def test_the_peers_variant_int8_decoder_off_runs_transformers_forward_then_resto
         with peers.without_int8_decoder(pair, off=True):
             assert pair.drafter.lm.int8 is None and pair.ar_drafter.lm.int8 is None
             assert pair.ar_drafter.redraft_policy.count == 0      # the layers still run int8: only the forward A/Bs
-            ref = generate_ids(pair, DecodeConfig(strategy="sd", k=6, max_new_tokens=12), [5, 6, 7])
+            ref = generate_ids(pair, DecodeConfig.of(strategy="sd", k=6, max_new_tokens=12), [5, 6, 7])
         assert [pair.drafter.lm.int8, pair.ar_drafter.lm.int8] == decs
         with pytest.raises(RuntimeError), peers.without_int8_decoder(pair, off=True):
             raise RuntimeError("a failed generation")
         assert [pair.drafter.lm.int8, pair.ar_drafter.lm.int8] == decs
         with peers.without_int8_decoder(pair, off=False):
             assert pair.ar_drafter.lm.int8 is decs[1]
-    assert generate_ids(pair, DecodeConfig(strategy="sd", k=6, max_new_tokens=12), [5, 6, 7]) == ref
+    assert generate_ids(pair, DecodeConfig.of(strategy="sd", k=6, max_new_tokens=12), [5, 6, 7]) == ref

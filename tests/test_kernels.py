@@ -57,7 +57,7 @@ def test_packed_model_gives_the_eager_logits_on_trees(target, packed):
 def test_every_strategy_equals_ar_on_packed_models(packed, prompt, k, v_max_extra, auto, noise, kv):
     """Packing changes kernels, never a token: on packed models every strategy equals packed ar."""
     pair = make_pair(packed["target"], packed[noise])
-    base = DecodeConfig(strategy="ar", k=k, v_max=k - 1 + v_max_extra, auto_budget=auto, max_new_tokens=24,
+    base = DecodeConfig.of(strategy="ar", k=k, v_max=k - 1 + v_max_extra, auto_budget=auto, max_new_tokens=24,
                         tau_margin=1.0, kv_cache=kv)
     ref = generate_ids(pair, base.with_(kv_cache="dynamic"), prompt)
     for strategy in SPECULATIVE:
@@ -67,7 +67,7 @@ def test_every_strategy_equals_ar_on_packed_models(packed, prompt, k, v_max_extr
 def test_packed_ar_equals_eager_ar(target, drafts, packed):
     """The tiny target's logits are peaked, so packed and eager greedy decoding agree token for token."""
     eager, fast = make_pair(target, drafts["mild"]), make_pair(packed["target"], packed["mild"])
-    cfg = DecodeConfig(strategy="ar", max_new_tokens=40)
+    cfg = DecodeConfig.of(strategy="ar", max_new_tokens=40)
     for prompt in (list(b"def f(x):\n"), list(b"import os\n"), [1, 2, 3, 4]):
         assert generate_ids(fast, cfg, prompt) == generate_ids(eager, cfg, prompt)
 

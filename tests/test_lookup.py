@@ -90,16 +90,16 @@ def test_grafted_nodes_are_never_substitutions_to_re_draft():
 
 def test_config_and_flag():
     with pytest.raises(ConfigError, match="`lookup`"):
-        DecodeConfig(lookup=-1)
-    assert EngineArgs(lookup=7).decode_config().lookup == 7
-    assert EngineArgs().decode_config().lookup == DecodeConfig().lookup
+        DecodeConfig.of(lookup=-1)
+    assert EngineArgs(lookup=7).decode_config().best_first.lookup == 7
+    assert EngineArgs().decode_config().best_first.lookup == DecodeConfig().best_first.lookup
 
 
 def test_the_engine_grafts_repeats_and_learns_their_acceptance(target, drafts):
     """A prompt that repeats itself: the engine grafts lookup paths, some of them win, and the stats count."""
     pair = make_pair(target, drafts["strong"])
     prompt = list(b"abc def abc def abc def abc def abc")
-    cfg = DecodeConfig(strategy="cure", k=6, v_max=12, max_new_tokens=40, lookup=5)
+    cfg = DecodeConfig.of(strategy="cure", k=6, v_max=12, max_new_tokens=40, lookup=5)
     engine = Engine(pair, cfg)
     blocks = list(engine.generate(prompt))
     assert [t for b in blocks for t in b.emitted] == generate_ids(pair, cfg.with_(strategy="ar"), prompt)
@@ -115,7 +115,7 @@ def test_the_engine_grafts_repeats_and_learns_their_acceptance(target, drafts):
 def test_cure_with_lookup_equals_ar(target, drafts, prompt, k, extra, lookup, noise, auto, temperature):
     """Prompts over a small alphabet so the text repeats and lookups match."""
     pair = make_pair(target, drafts[noise])
-    cfg = DecodeConfig(strategy="cure", k=k, v_max=k - 1 + extra, lookup=lookup,
+    cfg = DecodeConfig.of(strategy="cure", k=k, v_max=k - 1 + extra, lookup=lookup,
                        max_new_tokens=30, auto_budget=auto)
     assert generate_ids(pair, cfg, prompt) == generate_ids(pair, cfg.with_(strategy="ar", auto_budget=False), prompt)
 

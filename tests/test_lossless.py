@@ -68,9 +68,9 @@ def test_every_strategy_equals_ar(target, drafts, prompt, conf, noise):
     pair = make_pair(target, drafts[noise])
     # cure again over the chain drafter (ModelPair.chain_strategies, as catalog.CURE_OVER_CHAIN sets it)
     chained = dataclasses.replace(pair, chain_strategies=frozenset({"sd", "cure"}))
-    ref, _ = run(pair, DecodeConfig(strategy="ar", **dict(conf, kv_cache="dynamic")), prompt)
+    ref, _ = run(pair, DecodeConfig.of(strategy="ar", **dict(conf, kv_cache="dynamic")), prompt)
     for strategy, on in [(s, pair) for s in SPECULATIVE] + [("cure", chained)]:
-        out, blocks = run(on, DecodeConfig(strategy=strategy, **conf), prompt)
+        out, blocks = run(on, DecodeConfig.of(strategy=strategy, **conf), prompt)
         assert out == ref, f"{strategy} diverged from ar with {conf}"
         assert all(b.tree_size <= conf["v_max"] for b in blocks)
         if conf["auto_budget"]:
@@ -81,7 +81,7 @@ def test_every_strategy_equals_ar(target, drafts, prompt, conf, noise):
 def test_paper_defaults_lossless_and_partial_acceptance(pair, strategy):
     """K=16, tau_margin=1, b 1..5, beam 5, one UFP: identical output, acceptance neither 0 nor all."""
     prompt = list(b"def fibonacci(n):\n    ")
-    cfg = DecodeConfig(strategy=strategy, max_new_tokens=96)
+    cfg = DecodeConfig.of(strategy=strategy, max_new_tokens=96)
     ref, _ = run(pair, cfg.with_(strategy="ar"), prompt)
     out, blocks = run(pair, cfg, prompt)
     assert out == ref
@@ -94,7 +94,7 @@ def test_cure_repairs_win_sometimes(pair):
     prompts = [list(f"prompt {i}: x = {i * 7}".encode()) for i in range(6)]
     wins = 0
     for p in prompts:
-        _, blocks = run(pair, DecodeConfig(strategy="cure", max_new_tokens=48), p)
+        _, blocks = run(pair, DecodeConfig.of(strategy="cure", max_new_tokens=48), p)
         wins += sum(b.repair_won for b in blocks)
         for b in blocks:
             if b.repair_won:
@@ -106,24 +106,24 @@ def test_cure_repairs_win_sometimes(pair):
 def test_stops_match_ar_at_eos_and_context_end(target, drafts, strategy):
     prompt = list(b"hello world")
     # eos: pick a token ar emits mid-way, so the cut happens inside a block
-    free = generate_ids(make_pair(target, drafts["mild"]), DecodeConfig(strategy="ar", max_new_tokens=30), prompt)
+    free = generate_ids(make_pair(target, drafts["mild"]), DecodeConfig.of(strategy="ar", max_new_tokens=30), prompt)
     eos = free[7]
     pair = make_pair(target, drafts["mild"], eos_ids=[eos])
-    ref = generate_ids(pair, DecodeConfig(strategy="ar", max_new_tokens=30), prompt)
+    ref = generate_ids(pair, DecodeConfig.of(strategy="ar", max_new_tokens=30), prompt)
     assert ref[-1] == eos and len(ref) == free.index(eos) + 1
-    assert generate_ids(pair, DecodeConfig(strategy=strategy, max_new_tokens=30), prompt) == ref
+    assert generate_ids(pair, DecodeConfig.of(strategy=strategy, max_new_tokens=30), prompt) == ref
     # context end: 13 tokens of room in a 24-token context
     pair = make_pair(target, drafts["mild"], max_context=len(prompt) + 13)
-    ref = generate_ids(pair, DecodeConfig(strategy="ar", max_new_tokens=100), prompt)
+    ref = generate_ids(pair, DecodeConfig.of(strategy="ar", max_new_tokens=100), prompt)
     assert len(ref) == 13
-    out, blocks = run(pair, DecodeConfig(strategy=strategy, max_new_tokens=100), prompt)
+    out, blocks = run(pair, DecodeConfig.of(strategy=strategy, max_new_tokens=100), prompt)
     assert out == ref and blocks[-1].stop == "context"
 
 
 def test_ablations_really_change_the_mechanism(pair):
     prompt = list(b"for i in range(10):")
     # the ablations are the paper tree's (Table 4): branch 0 and UFP repairs are its notions
-    cfg = DecodeConfig(strategy="cure", cure_tree="paper", max_new_tokens=64, tau_margin=3.0)
+    cfg = DecodeConfig.of(strategy="cure", cure_tree="paper", max_new_tokens=64, tau_margin=3.0)
     _, full = run(pair, cfg, prompt)
     _, no_b0 = run(pair, cfg.with_(keep_branch0=False), prompt)
     _, no_resync = run(pair, cfg.with_(resync=False), prompt)
@@ -143,7 +143,7 @@ def test_ablations_really_change_the_mechanism(pair):
 def test_auto_budget_learns_a_budget_and_predicts_speedup(pair):
     from cure_core.budget import BudgetTuner, CostCurve
     prompt = list(b"while True:\n    ")
-    cfg = DecodeConfig(strategy="cure", max_new_tokens=80, auto_budget=True, tau_margin=3.0)
+    cfg = DecodeConfig.of(strategy="cure", max_new_tokens=80, auto_budget=True, tau_margin=3.0)
     engine = Engine(pair, cfg)
     ref = generate_ids(pair, cfg.with_(strategy="ar", auto_budget=False), prompt)
     blocks = list(engine.generate(prompt))
@@ -205,8 +205,8 @@ def test_compiled_static_shapes_equal_ar(target, drafts, cure_tree):
     pair = make_pair(target, drafts["mild"])
     prompt = list(b"def f(x):\n")
     conf = dict(max_new_tokens=14, k=5, v_max=12, tau_margin=3.0)
-    ref, _ = run(pair, DecodeConfig(strategy="ar", kv_cache="dynamic", **conf), prompt)
-    out, blocks = run(pair, DecodeConfig(strategy="cure", compile=True, cure_tree=cure_tree, **conf), prompt)
+    ref, _ = run(pair, DecodeConfig.of(strategy="ar", kv_cache="dynamic", **conf), prompt)
+    out, blocks = run(pair, DecodeConfig.of(strategy="cure", compile=True, cure_tree=cure_tree, **conf), prompt)
     assert out == ref
     # repair branches (paper) / trees wider than a chain (best-first) really went through the padded path
     assert any(b.ufps for b in blocks) if cure_tree == "paper" else \
@@ -272,7 +272,7 @@ def test_blocks_without_a_draft_keep_the_drafter_in_sync(target, strategy, monke
     prompt = list(b"def g(a):\n    ")
     # lookup 0: a grafted lookup path may outscore this drafter's (right but unsure) depth-1 token, and the
     # check below reads "drafter in sync" from that token being accepted
-    cfg = DecodeConfig(strategy=strategy, k=5, max_new_tokens=40, auto_budget=True, tau_margin=0.0, lookup=0)
+    cfg = DecodeConfig.of(strategy=strategy, k=5, max_new_tokens=40, auto_budget=True, tau_margin=0.0, lookup=0)
     out, blocks = run(pair, cfg, prompt)
     assert out == generate_ids(pair, cfg.with_(strategy="ar", auto_budget=False), prompt)
     drafting = [b for b in blocks if b.draft]
@@ -295,7 +295,7 @@ def test_the_drafter_takes_in_the_prompt_in_the_prefill_step(target, drafts, str
     monkeypatch.setattr(drafter.lm, "forward",
                         lambda tokens, parents, **kw: calls.append(len(tokens)) or forward(tokens, parents, **kw))
     prompt = list(b"def fib(n):\n    ")
-    cfg = DecodeConfig(strategy=strategy, k=8, max_new_tokens=24)
+    cfg = DecodeConfig.of(strategy=strategy, k=8, max_new_tokens=24)
     gen = Engine(pair, cfg).generate(prompt)
     first = next(gen)
     assert calls[0] == len(prompt) - 1 and first.timings.prefill_tokens == len(prompt) - 1
@@ -824,7 +824,7 @@ def test_the_tuner_measures_its_curve_through_the_engines_own_execution_path(pai
         return CostCurve((0, 1, 4), (10.0, 10.0, 12.0))
     monkeypatch.setattr(engine_mod, "measure_cost_curve", fake)
     for kv, compile in (("static", False), ("dynamic", False), ("static", True)):
-        cfg = DecodeConfig(strategy="cure", auto_budget=True, kv_cache=kv, compile=compile)
+        cfg = DecodeConfig.of(strategy="cure", auto_budget=True, kv_cache=kv, compile=compile)
         Engine(pair, cfg)._make_tuner(cfg)
         assert seen[-1]["kv"] == kv and seen[-1]["compile"] == compile
     keys = {_model_key(pair.target, 128, kv, c) for kv, c in (("static", False), ("dynamic", False), ("static", True))}
@@ -917,7 +917,7 @@ def test_cure_skips_a_redraft_pass_that_wins_nothing_and_stays_lossless(pair, mo
     monkeypatch.setattr(cure_core.engine, "BudgetTuner", Held)
     calls = slow_redraft_pass(pair.drafter, monkeypatch)
     prompt = list(b"def fib(n):\n    ")
-    cfg = DecodeConfig(strategy="cure", k=8, v_max=16, max_new_tokens=120, auto_budget=True, redrafts=2)
+    cfg = DecodeConfig.of(strategy="cure", k=8, v_max=16, max_new_tokens=120, auto_budget=True, redrafts=2)
     engine = Engine(pair, cfg)
     blocks, passes_in = [], []                          # per block: the drafter's re-draft calls during it
     for b in engine.generate(prompt):
@@ -982,7 +982,7 @@ def test_cure_at_a_fixed_budget_skips_a_redraft_pass_that_wins_nothing_and_stays
     and the price is the policy's own."""
     calls = slow_redraft_pass(pair.drafter, monkeypatch)
     prompt = list(b"def fib(n):\n    ")
-    cfg = DecodeConfig(strategy="cure", k=8, v_max=16, max_new_tokens=120, redrafts=2)
+    cfg = DecodeConfig.of(strategy="cure", k=8, v_max=16, max_new_tokens=120, redrafts=2)
     engine = Engine(pair, cfg)
     blocks, passes_in = [], []
     for b in engine.generate(prompt):

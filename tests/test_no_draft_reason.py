@@ -25,7 +25,7 @@ def steep(monkeypatch):
 
 def test_budget_zero_blocks_say_why_in_words(steep, target, drafts):
     pair = make_pair(target, drafts["mild"])
-    cfg = DecodeConfig(strategy="cure", k=6, max_new_tokens=24, v_max=24, auto_budget=True)
+    cfg = DecodeConfig.of(strategy="cure", k=6, max_new_tokens=24, v_max=24, auto_budget=True)
     blocks = list(Engine(pair).generate(list(b"def f(x):"), cfg))
     zero = [b for b in blocks if b.meta["v_max"] == 0]
     assert zero and not zero[-1].nodes

@@ -39,7 +39,7 @@ def converse(engine, pair, cfg, turns, edit_at=None):
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_turns_equal_a_fresh_prefill_and_prefill_only_new_tokens(target, drafts, strategy, kv):
     pair = make_pair(target, drafts["mild"])
-    cfg = DecodeConfig(strategy=strategy, k=6, max_new_tokens=16, v_max=24, kv_cache=kv)
+    cfg = DecodeConfig.of(strategy=strategy, k=6, max_new_tokens=16, v_max=24, kv_cache=kv)
     engine = Engine(pair)
     turns = converse(engine, pair, cfg, 4)
     for n, (blocks, fresh, prompt) in enumerate(turns):
@@ -59,14 +59,14 @@ def test_turns_equal_a_fresh_prefill_and_prefill_only_new_tokens(target, drafts,
                                   dict(cure_tree="paper", tau_margin=3.0), dict(temperature=0.8, seed=3)])
 def test_other_configs_equal_a_fresh_prefill(target, drafts, conf):
     pair = make_pair(target, drafts["strong"])
-    cfg = DecodeConfig(strategy="cure", k=5, max_new_tokens=12, **{"v_max": 16, **conf})
+    cfg = DecodeConfig.of(strategy="cure", k=5, max_new_tokens=12, **{"v_max": 16, **conf})
     for n, (blocks, fresh, _) in enumerate(converse(Engine(pair), pair, cfg, 3)):
         assert emitted(blocks) == fresh, f"turn {n}"
 
 
 def test_an_edited_turn_reuses_the_prefix_before_the_edit(target, drafts):
     pair = make_pair(target, drafts["mild"])
-    cfg = DecodeConfig(strategy="cure", k=6, max_new_tokens=12, v_max=24)
+    cfg = DecodeConfig.of(strategy="cure", k=6, max_new_tokens=12, v_max=24)
     turns = converse(Engine(pair), pair, cfg, 3, edit_at=2)
     blocks, fresh, prompt = turns[2]
     assert emitted(blocks) == fresh
@@ -76,7 +76,7 @@ def test_an_edited_turn_reuses_the_prefix_before_the_edit(target, drafts):
 
 def test_switching_strategy_or_models_starts_clean(target, drafts):
     pair = make_pair(target, drafts["mild"])
-    cfg = DecodeConfig(strategy="cure", k=6, max_new_tokens=12, v_max=24)
+    cfg = DecodeConfig.of(strategy="cure", k=6, max_new_tokens=12, v_max=24)
     engine = Engine(pair)
     prompt = list(b"def f(x):")
     first = list(engine.generate(prompt, cfg, reuse_prefix=True))
@@ -104,7 +104,7 @@ def test_switching_strategy_or_models_starts_clean(target, drafts):
 
 def test_a_stopped_turn_keeps_its_blocks_and_an_error_drops_them(target, drafts):
     pair = make_pair(target, drafts["mild"])
-    cfg = DecodeConfig(strategy="cure", k=4, max_new_tokens=30, v_max=24)
+    cfg = DecodeConfig.of(strategy="cure", k=4, max_new_tokens=30, v_max=24)
     engine = Engine(pair)
     prompt = list(b"count: 1 2 3")
     gen = engine.generate(prompt, cfg, reuse_prefix=True)
@@ -146,7 +146,7 @@ def dflash_pair(tmp_path_factory):
 
 @pytest.mark.parametrize("strategy", ("parallel", "cure", "ddtree"))
 def test_dflash_turns_equal_a_fresh_prefill(dflash_pair, strategy):
-    cfg = DecodeConfig(strategy=strategy, k=8, max_new_tokens=14, v_max=24)
+    cfg = DecodeConfig.of(strategy=strategy, k=8, max_new_tokens=14, v_max=24)
     for n, (blocks, fresh, prompt) in enumerate(converse(Engine(dflash_pair), dflash_pair, cfg, 3, edit_at=2)):
         assert emitted(blocks) == fresh, f"turn {n}"
         if n == 1:
@@ -159,7 +159,7 @@ def test_a_draft_vocabulary_is_rebuilt_from_the_kept_prefix(target, drafts, stra
     from cure_core.tiny import MASK_ID
     pair, _ = build_pair(target, drafts["mild"], drafter="pard", mask_token_id=MASK_ID, vocab_size=BYTE_VOCAB,
                          draft_vocab=100)
-    cfg = DecodeConfig(strategy=strategy, k=6, max_new_tokens=12, v_max=24)
+    cfg = DecodeConfig.of(strategy=strategy, k=6, max_new_tokens=12, v_max=24)
     engine = Engine(pair)
     for n, (blocks, fresh, _) in enumerate(converse(engine, pair, cfg, 3, edit_at=2)):
         assert emitted(blocks) == fresh, f"turn {n}"
@@ -173,7 +173,7 @@ def test_a_generation_left_open_never_takes_the_caches_back(target, drafts):
     """A reuse_prefix generation abandoned without close() while a newer one runs (then closed late, e.g.
     by the garbage collector) must not hand its stale token lists to the next turn."""
     pair = make_pair(target, drafts["mild"])
-    cfg = DecodeConfig(strategy="cure", k=4, max_new_tokens=12, v_max=24)
+    cfg = DecodeConfig.of(strategy="cure", k=4, max_new_tokens=12, v_max=24)
     engine = Engine(pair)
     prompt = list(b"abandon me")
     old = engine.generate(prompt, cfg, reuse_prefix=True)

@@ -35,7 +35,7 @@ def real():
 def test_every_strategy_equals_ar_on_the_real_target(real):
     pair, tok = real
     prompt = tok.encode("def fibonacci(n):")
-    cfg = DecodeConfig(strategy="ar", k=6, max_new_tokens=12, tau_margin=2.0)
+    cfg = DecodeConfig.of(strategy="ar", k=6, max_new_tokens=12, tau_margin=2.0)
     ref = generate_ids(pair, cfg, prompt)
     assert tok.decode(ref).startswith("\n    if n <= 0:")      # same as HF generate (measured)
     for strategy in ("sd", "cure", "ddtree"):

@@ -81,7 +81,7 @@ def test_engine_first_tokens_follow_target_distribution(cure_tree, kind, lookup)
     n = 1500
     counts = Counter()
     for seed in range(n):
-        cfg = DecodeConfig(strategy="cure", k=4, max_new_tokens=2, temperature=1.0, seed=seed, tau_margin=5.0,
+        cfg = DecodeConfig.of(strategy="cure", k=4, max_new_tokens=2, temperature=1.0, seed=seed, tau_margin=5.0,
                            cure_tree=cure_tree, v_max=12, lookup=lookup)
         out = [t for b in Engine(pair, cfg).generate(prompt) for t in b.emitted]
         counts[tuple(out)] += 1

@@ -55,9 +55,9 @@ def test_every_strategy_emits_the_targets_output(syn, target, strategy, extra):
     drafter, pair = make(syn, target, below_miss=0.5)
     base = dict(max_new_tokens=48, stop_at_eos=False, k=16)
     for prompt in PROMPTS[:3]:
-        ref = generate_ids(pair, DecodeConfig(strategy="ar", **base), prompt)
+        ref = generate_ids(pair, DecodeConfig.of(strategy="ar", **base), prompt)
         drafter.expect(prompt + ref)
-        assert generate_ids(pair, DecodeConfig(strategy=strategy, **base, **extra), prompt) == ref
+        assert generate_ids(pair, DecodeConfig.of(strategy=strategy, **base, **extra), prompt) == ref
 
 
 def test_lossless_beside_a_real_drafter_run_for_its_cost(syn, target):
@@ -71,9 +71,9 @@ def test_lossless_beside_a_real_drafter_run_for_its_cost(syn, target):
     assert drafter.name == "synthetic(pard)"
     base = dict(max_new_tokens=40, stop_at_eos=False, k=16)
     prompt = PROMPTS[0]
-    ref = generate_ids(pair, DecodeConfig(strategy="ar", **base), prompt)
+    ref = generate_ids(pair, DecodeConfig.of(strategy="ar", **base), prompt)
     drafter.expect(prompt + ref)
-    sizes = emitted(pair, prompt, DecodeConfig(strategy="cure", v_max=32, **base))
+    sizes = emitted(pair, prompt, DecodeConfig.of(strategy="cure", v_max=32, **base))
     assert len(calls) == len(sizes) and sum(sizes) == len(ref)
     assert statistics.mean(sizes) > 2                  # the synthetic rows, not the random PARD drafter's
     assert drafter.seconds > 0
@@ -88,10 +88,10 @@ def test_chains_accept_what_the_profile_says_and_trees_more(syn, target):
     base = dict(max_new_tokens=240, stop_at_eos=False, k=k)
     chain, tree = [], []
     for prompt in PROMPTS:
-        ref = generate_ids(pair, DecodeConfig(strategy="ar", **base), prompt)
+        ref = generate_ids(pair, DecodeConfig.of(strategy="ar", **base), prompt)
         drafter.expect(prompt + ref)
-        chain += emitted(pair, prompt, DecodeConfig(strategy="parallel", **base))[:-1]   # the last is clipped
-        tree += emitted(pair, prompt, DecodeConfig(strategy="ddtree", v_max=32, **base))[:-1]
+        chain += emitted(pair, prompt, DecodeConfig.of(strategy="parallel", **base))[:-1]   # the last is clipped
+        tree += emitted(pair, prompt, DecodeConfig.of(strategy="ddtree", v_max=32, **base))[:-1]
     assert len(chain) > 250
     assert abs(statistics.mean(chain) - tau) < 0.35
     assert statistics.mean(tree) > statistics.mean(chain) + 0.3

@@ -11,7 +11,7 @@ from cure_core.trace import SCHEMA_VERSION, TraceWriter, read_trace
 
 @pytest.fixture(scope="module")
 def blocks(pair):
-    return list(Engine(pair, DecodeConfig(strategy="cure", max_new_tokens=40, tau_margin=3.0)).generate(
+    return list(Engine(pair, DecodeConfig.of(strategy="cure", max_new_tokens=40, tau_margin=3.0)).generate(
         list(b"print('hi')")))
 
 

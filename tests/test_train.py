@@ -55,9 +55,9 @@ def _check_lossless(out, setup):
     tok = loaded.tokenizer
     for text in ("def g(x, y):\n    total = ", "    y = y + 3\n"):
         ids = tok.encode(text, add_special_tokens=False)
-        ref = generate_ids(loaded.pair, DecodeConfig(strategy="ar", max_new_tokens=24, k=8), ids)
+        ref = generate_ids(loaded.pair, DecodeConfig.of(strategy="ar", max_new_tokens=24, k=8), ids)
         for strat in ("parallel", "cure"):
-            assert generate_ids(loaded.pair, DecodeConfig(strategy=strat, max_new_tokens=24, k=8), ids) == ref
+            assert generate_ids(loaded.pair, DecodeConfig.of(strategy=strat, max_new_tokens=24, k=8), ids) == ref
     return loaded
 
 

@@ -172,9 +172,9 @@ def test_adapted_drafter_is_a_small_delta_that_loads_over_its_base(models, few_s
     # Lossless whatever it learned.
     tok = loaded.tokenizer
     ids = tok.encode("def g(x, y):\n    total = ", add_special_tokens=False)
-    ref = generate_ids(loaded.pair, DecodeConfig(strategy="ar", max_new_tokens=20, k=6), ids)
+    ref = generate_ids(loaded.pair, DecodeConfig.of(strategy="ar", max_new_tokens=20, k=6), ids)
     for strat in ("parallel", "cure"):
-        assert generate_ids(loaded.pair, DecodeConfig(strategy=strat, max_new_tokens=20, k=6), ids) == ref
+        assert generate_ids(loaded.pair, DecodeConfig.of(strategy=strat, max_new_tokens=20, k=6), ids) == ref
 
 
 def test_adapt_options_are_checked(models, tmp_path):

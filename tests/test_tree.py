@@ -99,7 +99,7 @@ class Redrafter(Drafter):
 
 
 def test_ufp_selection_and_dynamic_budget():
-    cfg = DecodeConfig(tau_margin=1.0, b_min=1, b_max=5, max_ufps=2)
+    cfg = DecodeConfig.of(tau_margin=1.0, b_min=1, b_max=5, max_ufps=2)
     picked = select_ufps(cfg, [2.0, 0.9, 0.05, 1.0, 0.5])
     assert [p for p, _, _ in picked] == [2, 4]            # ascending margin, below tau only
     # u = 1 - m/s ; b = 1 + round(4u)
@@ -109,7 +109,7 @@ def test_ufp_selection_and_dynamic_budget():
 
 @pytest.mark.parametrize("v_max,beam", [(15, 5), (20, 5), (64, 5), (64, 2), (30, 1)])
 def test_cure_tree_budget_depth_beam(v_max, beam):
-    cfg = DecodeConfig(v_max=v_max, max_ufps=2)
+    cfg = DecodeConfig.of(v_max=v_max, max_ufps=2)
     block = list(range(1, 16))                              # K-1 = 15 tokens
     margins = [5.0] * 15
     margins[3], margins[9] = 0.1, 0.4
@@ -142,7 +142,7 @@ def test_only_repairs_that_fit_are_redrafted_and_the_tree_is_unchanged(n, v_extr
     """Skipping the repairs the budget would cut leaves the same tree (tokens, parents, branch 0) as
     re-drafting every repair and letting the trie merge cut them; every re-drafted repair adds a node."""
     import cure_core.strategies as S
-    cfg = DecodeConfig(k=n + 1, v_max=n + max(v_extra, 0), max_ufps=max_ufps, tau_margin=1.0)
+    cfg = DecodeConfig.of(k=n + 1, v_max=n + max(v_extra, 0), max_ufps=max_ufps, tau_margin=1.0)
     block = list(range(1, n + 1))
     prop = proposal(block, margins[:n])
     lean, full = Redrafter(), Redrafter()
@@ -161,7 +161,7 @@ def test_only_repairs_that_fit_are_redrafted_and_the_tree_is_unchanged(n, v_extr
 
 
 def test_cure_without_branch0_keeps_only_shared_prefix():
-    cfg = DecodeConfig(keep_branch0=False)
+    cfg = DecodeConfig.of(keep_branch0=False)
     block = list(range(1, 16))
     margins = [5.0] * 15
     margins[6] = 0.2
@@ -174,7 +174,7 @@ def test_cure_without_branch0_keeps_only_shared_prefix():
 
 @pytest.mark.parametrize("v_max", [15, 32, 64])
 def test_ddtree_best_first_within_budget(v_max):
-    cfg = DecodeConfig(strategy="ddtree", v_max=v_max)
+    cfg = DecodeConfig.of(strategy="ddtree", v_max=v_max)
     margins = [0.3 * (i % 4) for i in range(15)]
     p = proposal(list(range(1, 16)), margins, k=8)
     tree = build_ddtree(p, cfg.v_max)
@@ -204,7 +204,7 @@ def test_ddtree_never_grafts_an_impossible_candidate():
                                  dict(temperature=-1), dict(top_k=3), dict(seed=-1), dict(seed=2 ** 64)])
 def test_invalid_config_is_refused(bad):
     with pytest.raises(ConfigError):
-        DecodeConfig(**bad)
+        DecodeConfig.of(**bad)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -269,7 +269,7 @@ def test_ddtree_replays_recorded_blocks_like_the_reference(tmp_path):
             return seen[-1]
     pair.drafter = Keep(pair.drafter)
     for prompt in (b"def add(a, b):\n", b"import os\n", b"class A:\n"):
-        list(Engine(pair).generate(list(prompt), DecodeConfig(strategy="ddtree", k=8, v_max=64, max_new_tokens=24)))
+        list(Engine(pair).generate(list(prompt), DecodeConfig.of(strategy="ddtree", k=8, v_max=64, max_new_tokens=24)))
     assert len(seen) >= 10
     for p in seen:
         for budget in (4, 8, 16, 32, 64):
@@ -303,7 +303,7 @@ def test_cure_best_first_redrafts_the_best_substitution_and_lets_its_log_probs_c
     # under the substitute 20 the re-drafted next positions are confident: 25 then 26
     d = TableRedrafter({(20,): ([[25, 11, 21], [26, 12, 22]], [[math.log(.95), math.log(.03), math.log(.02)],
                                                               [math.log(.9), math.log(.05), math.log(.05)]])})
-    cfg = DecodeConfig(strategy="cure", k=4, v_max=5, redrafts=1, redraft_weight=1.0)   # the re-draft alone
+    cfg = DecodeConfig.of(strategy="cure", k=4, v_max=5, redrafts=1, redraft_weight=1.0)   # the re-draft alone
     plan = build_cure_best_first(p, d, cfg.v_max, redraft_policy(cfg, d))
     assert d.calls == [[(20,)]]                                  # one batched pass, the best substitution
     paths = tree_paths(plan.tree)
@@ -318,7 +318,7 @@ def test_cure_best_first_without_a_substitution_worth_it_is_ddtrees_tree():
     from cure_core.strategies import build_cure_best_first
     p = proposal(list(range(1, 8)), [5.0] * 7, k=4)                  # confident: the budget goes down the chain
     d = TableRedrafter({})
-    cfg = DecodeConfig(strategy="cure", k=8, v_max=7)
+    cfg = DecodeConfig.of(strategy="cure", k=8, v_max=7)
     plan = build_cure_best_first(p, d, cfg.v_max, redraft_policy(cfg, d))
     assert d.calls == [] and plan.redraft_ms == 0.0
     assert tree_paths(plan.tree) == tree_paths(build_ddtree(p, cfg.v_max))
@@ -340,7 +340,7 @@ def test_blending_keeps_the_proposals_candidates_below_a_substitution():
     p = Proposal(tokens=[10, 11, 12], top_ids=torch.tensor(ids), top_logprobs=torch.tensor(lp))
     d = TableRedrafter({(20,): ([[25, 11, 21], [26, 12, 22]], [[math.log(.95), math.log(.03), math.log(.02)],
                                                               [math.log(.9), math.log(.05), math.log(.05)]])})
-    cfg = DecodeConfig(strategy="cure", k=4, v_max=5, redrafts=1, redraft_weight=0.0)
+    cfg = DecodeConfig.of(strategy="cure", k=4, v_max=5, redrafts=1, redraft_weight=0.0)
     assert tree_paths(build_cure_best_first(p, d, cfg.v_max, redraft_policy(cfg, d)).tree) == tree_paths(build_ddtree(p, cfg.v_max))
 
 

@@ -189,7 +189,7 @@ async def test_chat_stop_mid_answer(sample, tok):
 # ---- chat: the real engine on tiny models --------------------------------------------------------
 
 async def test_chat_real_engine_tiny_models(tiny_engine, tok):
-    cfg = DecodeConfig(k=4, max_new_tokens=10, v_max=24)
+    cfg = DecodeConfig.of(k=4, max_new_tokens=10, v_max=24)
     app = ChatApp(tiny_engine, cfg, calibrate_tokens=2, cursor_blink=False)
     async with app.run_test(size=(100, 30)) as pilot:
         await ask(pilot, app, "hi")
@@ -218,7 +218,7 @@ async def test_chat_errors_are_shown_not_raised(target, drafts, tok):
     pair = ModelPair(target=target, drafter=PardDrafter(drafts["mild"], MASK_ID, vocab_size=BYTE_VOCAB),
                      max_context=8, names={"target": "tiny"})
     engine = ModelEngine(LoadedPair(pair=pair, tokenizer=tok, drafter_kind="pard"))
-    app = ChatApp(engine, DecodeConfig(k=4, max_new_tokens=4, v_max=24), calibrate_tokens=0, cursor_blink=False)
+    app = ChatApp(engine, DecodeConfig.of(k=4, max_new_tokens=4, v_max=24), calibrate_tokens=0, cursor_blink=False)
     async with app.run_test(size=(80, 24)) as pilot:
         await ask(pilot, app, "a prompt longer than eight tokens")
         turn = app.turns[0]
@@ -236,7 +236,7 @@ class BrokenEngine(ReplayEngine):
 
 async def test_chat_error_mid_stream_keeps_partial_answer(sample, tok):
     engine = BrokenEngine(sample, tok)
-    app = ChatApp(engine, DecodeConfig(k=8), baseline_tps=1.0, cursor_blink=False)
+    app = ChatApp(engine, DecodeConfig.of(k=8), baseline_tps=1.0, cursor_blink=False)
     async with app.run_test(size=(80, 24)) as pilot:
         await ask(pilot, app, "x")
         assert app.turns[0].status == "error" and len(app.turns[0].blocks) == 1
@@ -245,7 +245,7 @@ async def test_chat_error_mid_stream_keeps_partial_answer(sample, tok):
 
 async def test_settings_validate_and_apply(sample, tok):
     engine = ReplayEngine(sample, tok)
-    app = ChatApp(engine, DecodeConfig(k=8), baseline_tps=1.0, cursor_blink=False)
+    app = ChatApp(engine, DecodeConfig.of(k=8), baseline_tps=1.0, cursor_blink=False)
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("f2")
         screen = app.screen
@@ -261,7 +261,7 @@ async def test_settings_validate_and_apply(sample, tok):
         screen.query_one("#set-bmax", Input).focus()
         await pilot.press("enter")                                    # Enter in a field applies too
         assert not isinstance(app.screen, SettingsScreen)
-        assert (app.cfg.k, app.cfg.tau_margin, app.cfg.b_max, app.cfg.v_max) == (6, 0.5, 3, 32)
+        assert (app.cfg.k, app.cfg.paper.tau_margin, app.cfg.paper.b_max, app.cfg.v_max) == (6, 0.5, 3, 32)
         assert not app.cfg.auto_budget
         await pilot.press("f2")
         app.screen.query_one("#set-vmax", Input).value = "auto"          # cost-aware budget, as --v-max auto
@@ -274,7 +274,7 @@ async def test_settings_validate_and_apply(sample, tok):
 
 async def test_help_screen_lists_bindings(sample, tok):
     engine = ReplayEngine(sample, tok)
-    app = ChatApp(engine, DecodeConfig(k=8), baseline_tps=1.0, cursor_blink=False)
+    app = ChatApp(engine, DecodeConfig.of(k=8), baseline_tps=1.0, cursor_blink=False)
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("f1")
         assert isinstance(app.screen, HelpScreen)

@@ -128,7 +128,7 @@ def compute(pairs: Sequence[PairResult], runs: Sequence[RunSpec], depth: int) ->
             if r.ablation:
                 a = metrics[r.name]
                 ablation[r.name] = {
-                    "keep_branch0": r.config.keep_branch0, "resync": r.config.resync,
+                    "keep_branch0": r.config.ablations.keep_branch0, "resync": r.config.ablations.resync,
                     "tau": a["tau"], "delta_tau_pct": _pct(a["tau"], c["tau"]),
                     "speedup_vs_ar": a["speedup_vs_ar"],
                     "delta_speedup_pct": (_pct(a["speedup_vs_ar"], c["speedup_vs_ar"])

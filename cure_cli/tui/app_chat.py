@@ -79,7 +79,7 @@ class SettingsScreen(ModalScreen[DecodeConfig | None]):
             v.border_subtitle = "applies from the next turn"
             yield Select([(s, s) for s in STRATEGIES], value=c.strategy, allow_blank=False, id="set-strategy")
             for label, wid, attr, kind in self.FIELDS:
-                value = "auto" if attr == "v_max" and getattr(c, "auto_budget", False) else getattr(c, attr)
+                value = "auto" if attr == "v_max" and c.auto_budget else c.to_dict()[attr]
                 with Horizontal(classes="row"):
                     yield Label(label)
                     yield Input(f"{value:g}" if isinstance(value, float) else str(value), type=kind, id=wid)
@@ -240,7 +240,7 @@ class ChatApp(App):
     @staticmethod
     def _cfg_line(c: DecodeConfig) -> str:
         v_max = f"auto≤{c.v_max}" if getattr(c, "auto_budget", False) else str(c.v_max)
-        return (f"{c.strategy} · K={c.k} · τ_margin={c.tau_margin:g} · b_max={c.b_max} · V_max={v_max} · "
+        return (f"{c.strategy} · K={c.k} · τ_margin={c.paper.tau_margin:g} · b_max={c.paper.b_max} · V_max={v_max} · "
                 f"max {c.max_new_tokens} tokens")
 
     def on_mount(self) -> None:
@@ -458,7 +458,7 @@ class ChatApp(App):
         stats = self.query_one(StatsPanel)
         if cur is None:
             tree.show(None)
-            margins.show(None, self.cfg.tau_margin)
+            margins.show(None, self.cfg.paper.tau_margin)
             stats.show(stats_view([], None, [], self.ar_tps, self.ar_note, ar_dtype=self.engine_ar_dtype))
             stats.border_subtitle = self.cfg.strategy
             return
@@ -467,7 +467,7 @@ class ChatApp(App):
         tree.show(block)
         tree.border_subtitle = (f"block {self.selected} selected · l: latest" if self.selected is not None
                                 else tree_legend(tree.size.width))
-        margins.show(block, turn.cfg.tau_margin)
+        margins.show(block, turn.cfg.paper.tau_margin)
         upto = turn.blocks[: turn.blocks.index(block) + 1] if self.selected is not None else turn.blocks
         session = [b for _, b in self.session]
         idx = self.selected if self.selected is not None else len(session) - 1
@@ -523,10 +523,9 @@ class ChatApp(App):
                 self.notify(f"the chat's trace does not read ({e}): answers are shown without their blocks",
                             severity="warning")
         log = self.query_one("#log", VerticalScroll)
-        fields = DecodeConfig.__dataclass_fields__
         for rec in record.turns:
             try:
-                cfg = DecodeConfig(**{k: v for k, v in rec.config.items() if k in fields})
+                cfg = DecodeConfig.from_dict(rec.config)
             except (TypeError, CureError):
                 cfg = self.cfg
             gen = generations[rec.generation] if rec.generation is not None and rec.generation < len(generations) else None

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Iterator, Protocol, Sequence, runtime_checkable
 
 from cure_core.block import Block
-from cure_core.config import DecodeConfig
+from cure_core.config import FLAT_FIELDS, DecodeConfig
 from cure_core.engine import Engine
 from cure_core.errors import CureError, ModelLoadError
 from cure_core.metrics import summarize
@@ -139,11 +139,11 @@ class ReplayEngine:
         return list(self._peek().prompt_ids)
 
     def check(self, cfg: DecodeConfig) -> DecodeConfig:
-        conf = {k: v for k, v in self._peek().config.items() if k in DecodeConfig.__dataclass_fields__}
+        conf = {k: v for k, v in self._peek().config.items() if k in FLAT_FIELDS}
         if conf and "cure_tree" not in conf:
             conf["cure_tree"] = "paper"              # recorded before cure had another tree: the paper's
         try:
-            return DecodeConfig(**conf) if conf else cfg.with_(strategy=self._peek().strategy)
+            return DecodeConfig.of(**conf) if conf else cfg.with_(strategy=self._peek().strategy)
         except (TypeError, CureError):
             return cfg
 

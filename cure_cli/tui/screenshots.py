@@ -31,7 +31,7 @@ def record_demo(model: str, noise: float, out: Path, prompt: str, max_new: int) 
     pair, _ = build_pair(loaded.pair.target, perturbed_copy(loaded.pair.target, noise=noise, seed=1), drafter="ar",
                          vocab_size=len(tok), eos_ids=loaded.pair.eos_ids,
                          names={"target": model, "draft": f"{model} + {noise:g} weight noise (demo drafter)"})
-    cfg = DecodeConfig(strategy="cure", k=8, max_new_tokens=max_new)
+    cfg = DecodeConfig.of(strategy="cure", k=8, max_new_tokens=max_new)
     ids = encode_prompt(tok, prompt, True)
     ar = cfg.with_(strategy="ar", max_new_tokens=16)     # a short AR run: the speedup baseline
     with TraceWriter(out, models=pair.names, config=cfg.to_dict()) as writer:

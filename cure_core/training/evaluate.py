@@ -76,7 +76,7 @@ def evaluate(pair, kind: str, prompts: Sequence[Sequence[int]], max_new_tokens: 
     for i, p in enumerate(prompts):
         p = [int(t) for t in p]
         ref = ([int(t) for t in refs[i]] if refs is not None else
-               generate_ids(pair, DecodeConfig(strategy="ar", max_new_tokens=max_new_tokens, k=k), p))
+               generate_ids(pair, DecodeConfig.of(strategy="ar", max_new_tokens=max_new_tokens, k=k), p))
         references.append(ref)
         seq = p + ref
         ok = _offset_predictions(pair, kind, seq, len(p) - 1, block)
@@ -90,7 +90,7 @@ def evaluate(pair, kind: str, prompts: Sequence[Sequence[int]], max_new_tokens: 
                     chain[j].append(run)
         row = {"prompt_tokens": len(p), "new_tokens": len(ref)}
         for strat in taus:
-            blocks = list(Engine(pair, DecodeConfig(strategy=strat, k=k, max_new_tokens=max_new_tokens)).generate(p))
+            blocks = list(Engine(pair, DecodeConfig.of(strategy=strat, k=k, max_new_tokens=max_new_tokens)).generate(p))
             out = [t for b in blocks for t in b.emitted]
             lossless = lossless and out == ref
             st = summarize(blocks)
