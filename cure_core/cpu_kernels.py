@@ -78,6 +78,21 @@ def int8_kernels() -> bool:
     return bool(engines & {"fbgemm", "x86"}) and hasattr(torch.ops.quantized, "linear_dynamic")
 
 
+def _cpu_flags() -> set[str]:
+    """The CPU's feature flags (Linux /proc/cpuinfo; empty elsewhere)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return set(next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), ()))
+    except OSError:
+        return set()
+
+
+# Rule: without VNNI, fbgemm's int8 matmul multiplies u8 x s8 pairs into saturating int16 sums (AVX2's
+# vpmaddubsw), so full 8-bit activations overflow on wide layers (a 30% error on a 64-wide layer); such CPUs
+# quantize activations to 7 bits (`reduce_range`), as torch's own dynamic quantization does there.
+REDUCE_RANGE = not (_cpu_flags() & {"avx512_vnni", "avx_vnni"})
+
+
 def cpu_info() -> dict:
     """What a timing ran on, for result files: the CPU's model name (Linux /proc/cpuinfo; None elsewhere) and
     which of these kernels it runs (a CPU with AMX and one without differ in which drafter dtype pays)."""
@@ -160,7 +175,7 @@ class Int8Linear(PackedLinear):
         rows = x.reshape(-1, self.in_features)                               # [M, in]
         if rows.shape[0] > INT8_MAX_ROWS or torch.is_grad_enabled():
             return super().forward(x)
-        y = torch.ops.quantized.linear_dynamic(rows.float().contiguous(), self.int8, False)   # [M, out] float32
+        y = torch.ops.quantized.linear_dynamic(rows.float().contiguous(), self.int8, REDUCE_RANGE)   # [M, out] float32
         return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

@@ -195,8 +195,7 @@ class Engine:
             n = min(n, common_prefix(previous.drafter_ids, context))
         return n
 
-    def _decode(self, prompt_ids: Sequence[int], cfg: DecodeConfig, target: CachedLM, drafter: Drafter | None,
-                timings: bool, previous: CachedPrefix | None, state: CachedPrefix) -> Iterator[Block]:
+    def _checked(self, prompt_ids: Sequence[int]) -> list[int]:
         prompt = [int(t) for t in prompt_ids]
         limit = self.pair.context_limit
         if not prompt:
@@ -204,17 +203,16 @@ class Engine:
         if len(prompt) >= limit:
             raise GenerationError(f"the prompt is {len(prompt)} tokens; the model's context holds {limit} "
                                   f"(no room to generate)")
-        gen = torch.Generator().manual_seed(cfg.seed)
-        eos = set(self.pair.eos_ids) if cfg.stop_at_eos else set()
-        policy = self.policy_for(cfg)
-        now = _clock(target.device, sync=timings or policy.timed)
+        return prompt
 
-        # 0. Prefill: every prompt token but the last; the last becomes the first root. With a cached
-        # prefix, the caches are truncated to the shared prefix and only the rest is prefilled.
-        t0 = now()
+    def _prefill(self, prompt: list[int], cfg: DecodeConfig, target: CachedLM, drafter: Drafter | None,
+                 policy: Policy, previous: CachedPrefix | None, state: CachedPrefix) -> int:
+        """Step 0: the target and the drafter take in every prompt token but the last. With a cached prefix,
+        the caches are truncated to the shared prefix and only the rest is prefilled. Returns the prompt
+        tokens reused."""
         context = prompt[:-1]
         # A static cache holds the whole generation plus one tree of scratch rows (padded for static shapes).
-        capacity = min(len(prompt) + cfg.max_new_tokens, limit) + padded_size(cfg.v_max + 1) + 2
+        capacity = min(len(prompt) + cfg.max_new_tokens, self.pair.context_limit) + padded_size(cfg.v_max + 1) + 2
         reused = self._reusable(previous, state, context, capacity)
         if drafter is not None:
             # Rule: a compiled generation runs the drafter's passes over static shapes too, compiled, sized for
@@ -240,6 +238,21 @@ class Engine:
         state.target_ids = list(context)
         state.drafter_ids = list(context)
         state.reused = reused
+        return reused
+
+    def _decode(self, prompt_ids: Sequence[int], cfg: DecodeConfig, target: CachedLM, drafter: Drafter | None,
+                timings: bool, previous: CachedPrefix | None, state: CachedPrefix) -> Iterator[Block]:
+        prompt = self._checked(prompt_ids)
+        limit = self.pair.context_limit
+        gen = torch.Generator().manual_seed(cfg.seed)
+        eos = set(self.pair.eos_ids) if cfg.stop_at_eos else set()
+        policy = self.policy_for(cfg)
+        now = _clock(target.device, sync=timings or policy.timed)
+
+        # 0. Prefill: every prompt token but the last; the last becomes the first root.
+        t0 = now()
+        context = prompt[:-1]
+        reused = self._prefill(prompt, cfg, target, drafter, policy, previous, state)
         root = prompt[-1]
         prefill_ms = (now() - t0) * 1e3
         new = 0

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .cpu_kernels import INT8_MAX_ROWS, Int8Linear
+from .cpu_kernels import INT8_MAX_ROWS, REDUCE_RANGE, Int8Linear
 
 FAMILIES = ("llama", "qwen2", "qwen3")
 
@@ -127,7 +127,7 @@ class Int8Decoder:
         lin = torch.ops.quantized.linear_dynamic
         for i, layer in enumerate(self.layers):
             h = self._rms(x, layer.norm1, layer.eps1)
-            qk, v = lin(h, layer.qkv, False).split([(hq + hkv) * d, hkv * d], -1)   # [N, (hq+hkv) d], [N, hkv d]
+            qk, v = lin(h, layer.qkv, REDUCE_RANGE).split([(hq + hkv) * d, hkv * d], -1)   # [N, (hq+hkv) d], [N, hkv d]
             qk = qk.view(n, hq + hkv, d)
             if layer.qk_norm is not None:
                 qk = F.rms_norm(qk, (d,), None, layer.qk_eps) * layer.qk_norm
@@ -137,9 +137,9 @@ class Int8Decoder:
             k, v = cache.update(qk[:, hq:], v.to(self.dtype).view(n, hkv, d).transpose(0, 1)[None], i)   # [1, hkv, T, d]
             o = F.scaled_dot_product_attention(qk[:, :hq], k, v, attn_mask=mask, scale=layer.scaling,
                                                enable_gqa=hq != hkv)      # [1, hq, N, d]
-            x = x + lin(o[0].transpose(0, 1).reshape(n, hq * d).float(), layer.o, False)
-            gate, up = lin(self._rms(x, layer.norm2, layer.eps2), layer.gate_up, False).split(self.inter, -1)
-            x = x + lin(F.silu(gate) * up, layer.down, False)
+            x = x + lin(o[0].transpose(0, 1).reshape(n, hq * d).float(), layer.o, REDUCE_RANGE)
+            gate, up = lin(self._rms(x, layer.norm2, layer.eps2), layer.gate_up, REDUCE_RANGE).split(self.inter, -1)
+            x = x + lin(F.silu(gate) * up, layer.down, REDUCE_RANGE)
         return self._rms(x, self.norm, self.eps).to(self.dtype)          # [N, H]
 
     __call__ = forward
