@@ -415,10 +415,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "skipped": setup.skipped, "notes": setup.notes,
         "summary": summary, "summary_per_set": per_set, "results": results,
     })
-    common.write_json(args.json, report, say=console.print)
-    if setup.tmpdir is not None:
-        setup.tmpdir.cleanup()
-    return report
+    return peers.finish(report, args.json, setup, console)
 
 
 if __name__ == "__main__":

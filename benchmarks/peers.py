@@ -717,7 +717,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "summary_per_set": per_set,
         "results": results,
     })
-    common.write_json(args.json, report, say=console.print)
+    return finish(report, args.json, setup, console)
+
+
+def finish(report: dict, path: str | None, setup, console) -> dict:
+    """A run's end, here and in llamacpp.py: the report written whole (or not at all), the tiny models'
+    folder removed."""
+    common.write_json(path, report, say=console.print)
     if setup.tmpdir is not None:
         setup.tmpdir.cleanup()
     return report
