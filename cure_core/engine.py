@@ -7,7 +7,6 @@ forward over [root, tree nodes] both verifies the tree and produces the next roo
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
