@@ -76,6 +76,7 @@ def train_drafter(
     gamma: Annotated[float, typer.Option("--gamma", help="Offset i weighs exp(-(i-1)/gamma) in the loss; 0 = equal.")] = 4.0,
     target_layers: Annotated[Optional[str], typer.Option("--target-layers", help="dflash: comma-separated target decoder layers to condition on (default: L/4, L/2, L-2).")] = None,
     dflash_init: Annotated[Optional[Path], typer.Option("--dflash-init", help="dflash: start from this DFlash drafter's weights (same --layers and --target-layers; e.g. the shipped one, to train a further version on new data) instead of a copy of the target's last layer.")] = None,
+    adapter_init: Annotated[Optional[Path], typer.Option("--adapter-init", help="pard adapt: start from this adapter's LoRA factors and mask embedding (same base, --lora-rank and --lora-alpha; e.g. the shipped one, to train on new data) instead of a no-op adapter. Names the base when --pard-base is left out.")] = None,
     pard_init: Annotated[str, typer.Option("--pard-init", help="pard: shrink (the target with --layers layers) | scratch | adapt (LoRA + a mask embedding on --pard-base; saves only that delta).")] = "shrink",
     pard_base: Annotated[Optional[str], typer.Option("--pard-base", help="pard adapt: the causal LM to adapt (an embedded alias or folder sharing the target's tokenizer).")] = None,
     lora_rank: Annotated[int, typer.Option("--lora-rank", help="pard adapt: LoRA rank on every attention and MLP projection.")] = 8,
@@ -117,7 +118,7 @@ def train_drafter(
         eval_texts = [p.prompt for p in humaneval.load(limit=eval_prompts)]
     from cure_core.catalog import DEFAULT_TARGET
     opts = RunOptions(target=target or DEFAULT_TARGET, out=out, train=spec, data=data, device=device, layer_ids=ids,
-                      dflash_init=dflash_init, features_from=list(features_from or []), pard_init=pard_init, pard_base=pard_base, lora_rank=lora_rank, lora_alpha=lora_alpha,
+                      dflash_init=dflash_init, features_from=list(features_from or []), pard_init=pard_init, pard_base=pard_base, adapter_init=adapter_init, lora_rank=lora_rank, lora_alpha=lora_alpha,
                       pard_train_embeddings=pard_train_embeddings, resume=resume, eval_prompts=eval_prompts,
                       eval_set=eval_set, eval_new_tokens=eval_new_tokens, eval_texts=eval_texts, publish=publish)
     cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

@@ -248,6 +248,45 @@ def test_dflash_init_starts_a_further_version_from_a_trained_drafters_weights(mo
         run(_opts(models, third, "pard", steps=2, dflash_init=first), _bars, log=lambda m: None)
 
 
+def test_adapter_init_starts_a_further_adapter_from_a_trained_one(models, tmp_path):
+    """--adapter-init (the PARD twin of --dflash-init): a further adapter starts from a trained one's LoRA
+    factors and mask embedding, not from a no-op adapter; the base comes from the adapter when --pard-base
+    is left out; another rank, another base or a DFlash run is refused in one line, with nothing written."""
+    from cure_core.drafters.adapted import read_adapter
+    from cure_core.training.adapt_train import LoRALinear, attach, init_from_adapter
+    from cure_core.training.run import TrainError
+    first = tmp_path / "a1"
+    run(_opts(models, first, "pard", steps=3, save_dtype="float32"), _bars, log=lambda m: None)
+    ad, tensors = read_adapter(first)
+    base = load_model(str(models / "base"))[0]
+    model = attach(base, 4, 16.0, MASK_ID)
+    lora = next(m for m in model.modules() if isinstance(m, LoRALinear))
+    assert not lora.lora_B.detach().any()                      # a fresh adapter is a no-op
+    init_from_adapter(model, tensors)
+    for name, mod in model.named_modules():
+        if isinstance(mod, LoRALinear):
+            assert torch.equal(mod.lora_A.detach(), tensors[f"{name}.lora_A"])
+            assert torch.equal(mod.lora_B.detach(), tensors[f"{name}.lora_B"])
+    assert any(v.any() for k, v in tensors.items() if k.endswith(".lora_B"))   # trained: no longer a no-op
+    assert torch.equal(model.cure_mask_embedding.detach(), tensors["mask_embedding"])
+    # end to end, the base taken from the adapter: the run records where it started and trains on
+    second = tmp_path / "a2"
+    res = run(_opts(models, second, "pard", steps=2, adapter_init=first, pard_base=None), _bars, log=lambda m: None)
+    assert res["train"]["adapter_init"] == str(first) and res["train"]["steps_done"] == 2
+    assert read_adapter(second)[0]["base"] == ad["base"]
+    third = tmp_path / "a3"
+    for bad, match in ((dict(lora_rank=8), "has rank 4 and alpha 16.0"),
+                       (dict(pard_base=str(models / "target")), "adapts .*base, not --pard-base"),
+                       (dict(pard_init="shrink"), "needs --kind pard --pard-init adapt")):
+        with pytest.raises(TrainError, match=match):
+            run(_opts(models, third, "pard", steps=2, adapter_init=first, **bad), _bars, log=lambda m: None)
+    with pytest.raises(TrainError, match="needs --kind pard"):
+        run(_opts(models, third, "dflash", steps=2, adapter_init=first), _bars, log=lambda m: None)
+    with pytest.raises(TrainError, match="--adapter-init: .*not an adapted drafter"):
+        run(_opts(models, third, "pard", steps=2, adapter_init=tmp_path), _bars, log=lambda m: None)
+    assert not third.exists()                                  # nothing written
+
+
 def test_features_from_copies_the_chunks_another_run_computed(models, tmp_path, monkeypatch):
     """--features-from: a further version trained on an old corpus plus a new one copies the old chunks'
     features from the old run's folder and runs the target over the new chunks only; the result equals

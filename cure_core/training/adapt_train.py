@@ -55,6 +55,21 @@ def attach(model: nn.Module, rank: int, alpha: float, mask_token_id: int) -> nn.
     return model
 
 
+def init_from_adapter(model: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    """Start `attach`'s adapter from a saved one (`--adapter-init`, read by drafters.adapted.read_adapter): its
+    LoRA factors and mask embedding, each checked against the slot it fills (ValueError if one does not fit)."""
+    slots = {f"{name}.{part}": getattr(mod, part) for name, mod in model.named_modules()
+             if isinstance(mod, LoRALinear) for part in ("lora_A", "lora_B")}
+    slots["mask_embedding"] = model.cure_mask_embedding
+    if set(slots) != set(tensors):
+        raise ValueError(f"the adapter's tensors are not this run's LoRA layout ({len(tensors)} against {len(slots)})")
+    with torch.no_grad():
+        for name, p in slots.items():
+            if tuple(tensors[name].shape) != tuple(p.shape):
+                raise ValueError(f"adapter {name}: shape {tuple(tensors[name].shape)}, this run's {tuple(p.shape)}")
+            p.copy_(tensors[name].to(p.dtype))
+
+
 def adapter_tensors(model: nn.Module, dtype=torch.float16) -> dict[str, torch.Tensor]:
     """The delta to ship: every LoRA pair under its base module's name, and the mask embedding."""
     out = {}

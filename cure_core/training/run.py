@@ -13,7 +13,8 @@ import torch
 from ..catalog import TauRow
 from ..checkpoints import check_tokenizers_match, load_model, load_tokenizer
 from ..cpu_kernels import pack_linears, unavailable_reason
-from ..errors import CureError
+from ..drafters.adapted import read_adapter
+from ..errors import CureError, ModelLoadError
 from .cards import EVAL_SOURCE, write_cards
 from .checkpoint import read_state
 from ..files import atomic_write_json
@@ -46,6 +47,8 @@ class RunOptions:
                                             # are copied, not run through the target again (features.py)
     pard_init: str = "shrink"               # pard: shrink (target with fewer layers) | scratch | adapt (LoRA on pard_base)
     pard_base: str | None = None            # pard adapt: the base causal LM (an embedded alias: loads from its cache)
+    adapter_init: Path | None = None        # pard adapt: start from this adapter's LoRA factors and mask embedding
+                                            # (e.g. the shipped one), not from a no-op adapter
     lora_rank: int = 8                      # pard adapt: LoRA rank on every attention / MLP projection
     lora_alpha: float = 16.0                # pard adapt: LoRA scale alpha / rank
     pard_hidden: int = 256                  # pard scratch: hidden size
@@ -123,6 +126,24 @@ def check_options(opts: RunOptions) -> None:
                              f"run without --resume to start a new training")
 
 
+def _check_adapter_init(opts: RunOptions, spec: TrainSpec) -> tuple[dict, dict]:
+    """The PARD twin of --dflash-init, checked before anything loads: an adapter folder whose base, rank and
+    alpha are this run's (a missing --pard-base is taken from it). Returns (its config, its tensors)."""
+    if spec.kind != "pard" or opts.pard_init != "adapt":
+        raise TrainError("--adapter-init starts a PARD adapter: it needs --kind pard --pard-init adapt")
+    try:
+        ad, tensors = read_adapter(opts.adapter_init)
+    except ModelLoadError as e:
+        raise TrainError(f"--adapter-init: {e}") from None
+    opts.pard_base = opts.pard_base or str(ad["base"])
+    if str(ad["base"]) != str(opts.pard_base):
+        raise TrainError(f"--adapter-init {opts.adapter_init} adapts {ad['base']}, not --pard-base {opts.pard_base}")
+    if int(ad["rank"]) != opts.lora_rank or float(ad["alpha"]) != opts.lora_alpha:
+        raise TrainError(f"--adapter-init {opts.adapter_init} has rank {ad['rank']} and alpha {ad['alpha']}; "
+                         f"this run has --lora-rank {opts.lora_rank} and --lora-alpha {opts.lora_alpha}")
+    return ad, tensors
+
+
 def run(opts: RunOptions, progress_factory: Callable, log: Callable = print) -> dict:
     spec, data = opts.train, opts.data
     check_options(opts)
@@ -136,6 +157,9 @@ def run(opts: RunOptions, progress_factory: Callable, log: Callable = print) -> 
         raise TrainError("--eval-set must be humaneval or heldout")
     if spec.kind == "pard" and opts.pard_init not in PARD_INITS:
         raise TrainError(f"--pard-init must be one of {', '.join(PARD_INITS)}")
+    adapter = None
+    if opts.adapter_init is not None:
+        adapter = _check_adapter_init(opts, spec)
     if spec.kind == "pard" and opts.pard_init == "adapt" and not opts.pard_base:
         raise TrainError("--pard-init adapt needs --pard-base (the causal LM to adapt, e.g. qwen-coder-0.5b)")
     if data.distill_mix not in MIXES:
@@ -162,6 +186,9 @@ def run(opts: RunOptions, progress_factory: Callable, log: Callable = print) -> 
         # (A shrunk PARD copies every layer it keeps, so its target stays unpacked.)
         pack_linears(target, keep_weights=target.model.layers[-1])
     mask_id = choose_mask_token(tok, target)
+    if adapter is not None and int(adapter[0]["mask_token_id"]) != mask_id:
+        raise TrainError(f"--adapter-init {opts.adapter_init}: its mask token {adapter[0]['mask_token_id']} is not "
+                         f"this run's ({mask_id})")
     layer_ids: list[int] = []
     if spec.kind == "dflash":
         layer_ids = sorted(set(opts.layer_ids)) if opts.layer_ids else default_layer_ids(n_layers)
@@ -221,7 +248,7 @@ def run(opts: RunOptions, progress_factory: Callable, log: Callable = print) -> 
     else:
         from . import pard_train as P
         if adapting:
-            from .adapt_train import attach
+            from .adapt_train import attach, init_from_adapter
             # The target only labelled the corpus: free it before the base loads (RAM is tight).
             target = None
             model, bpath = load_model(opts.pard_base, opts.device, "float32")   # `model` is the only reference
@@ -229,6 +256,11 @@ def run(opts: RunOptions, progress_factory: Callable, log: Callable = print) -> 
             if int(model.get_input_embeddings().weight.shape[0]) <= mask_id:
                 raise TrainError(f"the mask token {mask_id} is outside {opts.pard_base}'s vocabulary")
             model = attach(model, opts.lora_rank, opts.lora_alpha, mask_id)
+            if adapter is not None:
+                try:
+                    init_from_adapter(model, adapter[1])
+                except ValueError as e:
+                    raise TrainError(f"--adapter-init {opts.adapter_init}: {e}") from None
         elif opts.pard_init == "shrink":
             model = P.shrink_target(target, spec.layers, mask_id)
             if not opts.pard_train_embeddings:
@@ -269,7 +301,8 @@ def run(opts: RunOptions, progress_factory: Callable, log: Callable = print) -> 
     stretches = summary.pop("stretches")
     train_info = {"target": opts.target, "kind": spec.kind, "train": asdict(spec), "data": asdict(data),
                   "layer_ids": layer_ids, "mask_token_id": mask_id,
-                  "dflash_init": str(opts.dflash_init) if opts.dflash_init is not None else None, "chunks": len(fs), "tokens": fs.n_tokens,
+                  "dflash_init": str(opts.dflash_init) if opts.dflash_init is not None else None,
+                  "adapter_init": str(opts.adapter_init) if opts.adapter_init is not None else None, "chunks": len(fs), "tokens": fs.n_tokens,
                   **summary, "final_loss": (sum(h["loss"] for h in hist[-20:]) / len(hist[-20:])) if hist else None,
                   "first_loss": hist[0]["loss"] if hist else None,
                   "total_seconds": time.monotonic() - t_start}
