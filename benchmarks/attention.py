@@ -22,7 +22,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 from cure_core.attention import stock_sdpa  # noqa: E402
-from cure_core.embedded import DEFAULT_TARGET  # noqa: E402
+from cure_core.catalog import DEFAULT_TARGET  # noqa: E402
 from cure_core.lm import CachedLM  # noqa: E402
 from cure_core.errors import ModelLoadError  # noqa: E402
 from cure_core.models import apply_kernels, load_model  # noqa: E402

@@ -27,7 +27,7 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 from cure_core.cpu_kernels import pack_linears, unavailable_reason  # noqa: E402
-from cure_core.embedded import DEFAULT_TARGET  # noqa: E402
+from cure_core.catalog import DEFAULT_TARGET  # noqa: E402
 from cure_core.lm import CachedLM  # noqa: E402
 
 

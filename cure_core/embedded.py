@@ -41,7 +41,6 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from .catalog import CACHE_ENV, EMBEDDED_MODELS, EmbeddedModel, cache_root
-from .catalog import DEFAULT_TARGET  # noqa: F401 - read here by benchmarks/attention.py and cpu_kernels.py
 from .errors import CureError
 from .progress import phase
 

@@ -37,7 +37,7 @@ import torch
 
 from .checkpoints import config_kind, load_model, load_tokenizer, resolve
 from .drafters.adapted import is_adapted_checkpoint
-from .drafters.dflash import (DEFAULT_BLOCK_SIZE, DFlashModel, _cfg_get, _check_config, _load_state_dict,
+from .drafters.dflash import (DEFAULT_BLOCK_SIZE, DFlashModel, dflash_config_get, check_dflash_config, read_dflash_weights,
                               default_target_layer_ids, read_config)
 from .errors import CureError, ModelLoadError
 from .files import replacing_folder
@@ -133,35 +133,35 @@ def plan_dflash(path: Path, dtype: str | None = None) -> tuple[dict, dict[str, t
     """(vLLM config, tensors, result) for a DFlash checkpoint folder; nothing written."""
     raw = read_config(path)
     try:
-        _check_config(raw)
+        check_dflash_config(raw)
     except ModelLoadError as e:
         raise ExportError(str(e)) from None
     for name, neutral in (("input_embedding_scale", 1.0), ("final_logit_softcapping", None)):
-        value = _cfg_get(raw, name)
+        value = dflash_config_get(raw, name)
         if value is not None and value != neutral:
             raise ExportError(f"this DFlash checkpoint sets {name}={value}, which vLLM's dflash method has no "
                               f"equivalent for")
     layer_types = raw.get("layer_types") or []
-    if any(t != "full_attention" for t in layer_types) or _cfg_get(raw, "causal"):
+    if any(t != "full_attention" for t in layer_types) or dflash_config_get(raw, "causal"):
         raise ExportError("this DFlash checkpoint uses sliding-window or causal draft layers; only the "
                           "non-causal full-attention layout is exported (the one our engine runs)")
     n_layers = int(raw["num_hidden_layers"])
-    ids = _cfg_get(raw, "target_layer_ids")
+    ids = dflash_config_get(raw, "target_layer_ids")
     if ids is None:
-        n_target = _cfg_get(raw, "num_target_layers")
+        n_target = dflash_config_get(raw, "num_target_layers")
         if n_target is None:
             raise ExportError("the DFlash config names neither target_layer_ids nor num_target_layers: the "
                               "target layers it reads cannot be written out")
         ids = default_target_layer_ids(int(n_target), n_layers)
     ids = [int(i) for i in ids]
-    mask_id = _cfg_get(raw, "mask_token_id")
+    mask_id = dflash_config_get(raw, "mask_token_id")
     if mask_id is None:
         raise ExportError("the DFlash config names no mask_token_id (dflash_config.mask_token_id)")
-    block_size = int(_cfg_get(raw, "block_size", DEFAULT_BLOCK_SIZE))
-    target_hidden = int(_cfg_get(raw, "target_hidden_size", raw.get("hidden_size")))
+    block_size = int(dflash_config_get(raw, "block_size", DEFAULT_BLOCK_SIZE))
+    target_hidden = int(dflash_config_get(raw, "target_hidden_size", raw.get("hidden_size")))
 
     try:
-        state = _load_state_dict(path)
+        state = read_dflash_weights(path)
     except ModelLoadError as e:
         raise ExportError(str(e)) from None
     notes = []
@@ -192,7 +192,7 @@ def plan_dflash(path: Path, dtype: str | None = None) -> tuple[dict, dict[str, t
     sub.update({"mask_token_id": int(mask_id), "target_layer_ids": ids})
     cfg.update({"architectures": [ARCHITECTURE], "model_type": "qwen3", "dflash_config": sub,
                 "block_size": block_size, "target_hidden_size": target_hidden, "dtype": out_dtype})
-    multiplier = _cfg_get(raw, "output_multiplier")
+    multiplier = dflash_config_get(raw, "output_multiplier")
     if multiplier is not None and float(multiplier) != 1.0:
         cfg["logit_scale"] = float(multiplier)
         notes.append(f"output_multiplier {multiplier} written as vLLM's logit_scale")

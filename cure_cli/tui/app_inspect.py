@@ -17,7 +17,7 @@ from cure_core.metrics import summarize
 from cure_core.trace import Trace
 
 from .tokens import TokenText
-from .widgets import (side_panels, TREE_LEGEND, TREE_LEGEND_SHORT, AnswerText, HelpScreen, JumpScreen, MarginsChart, RepairTree,
+from .widgets import (side_panels, TREE_LEGEND, AnswerText, HelpScreen, JumpScreen, MarginsChart, RepairTree,
                       StatsPanel, binding_rows, origin_legend, stats_view, tree_legend)
 
 LEGEND_MARKUP = "[green]branch 0[/] [b magenta u]repair[/] [i cyan]bonus[/] [reverse]current[/]"

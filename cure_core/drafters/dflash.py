@@ -54,7 +54,7 @@ STATIC_BLOCKS = (1, 2, 4, 8)
 # looked up in dflash_config first, then at the top level.
 # --------------------------------------------------------------------------------------------
 
-def _cfg_get(cfg, name: str, default=None):
+def dflash_config_get(cfg, name: str, default=None):
     sub = _as_dict(getattr(cfg, "dflash_config", None) if not isinstance(cfg, dict) else cfg.get("dflash_config"))
     if name in sub and sub[name] is not None:
         return sub[name]
@@ -467,7 +467,7 @@ def read_config(path: str | Path) -> dict:
         raise ModelLoadError(f"cannot read DFlash config {f}: JSON nested too deeply") from None
 
 
-def _load_state_dict(path: Path) -> dict[str, torch.Tensor]:
+def read_dflash_weights(path: Path) -> dict[str, torch.Tensor]:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
     index = path / "model.safetensors.index.json"
@@ -491,7 +491,7 @@ def _load_state_dict(path: Path) -> dict[str, torch.Tensor]:
     return {(k[len("model."):] if k.startswith("model.") else k): v for k, v in state.items()}
 
 
-def _check_config(raw: dict) -> None:
+def check_dflash_config(raw: dict) -> None:
     """Types and ranges of the DFlash fields load_dflash reads, each failure one ModelLoadError.
 
     Rule: counts and ids are JSON integers (never bools, strings or floats: "01" must not become [0, 1]),
@@ -512,22 +512,22 @@ def _check_config(raw: dict) -> None:
                                     or not all(type(t) is str for t in layer_types)):
         raise ModelLoadError(f"DFlash layer_types must list one attention type per draft layer "
                              f"({n_layers}), got {layer_types!r}"[:200])
-    ids = _cfg_get(raw, "target_layer_ids")
+    ids = dflash_config_get(raw, "target_layer_ids")
     if ids is not None:
         if type(ids) is not list or not ids:
             raise ModelLoadError(f"DFlash target_layer_ids must be a non-empty list of layer numbers, "
                                  f"got {ids!r}"[:200])
         for i in ids:
             integer("target_layer_ids entry", i, 0)
-    mask_id = _cfg_get(raw, "mask_token_id")
+    mask_id = dflash_config_get(raw, "mask_token_id")
     if mask_id is not None:
         integer("mask_token_id", mask_id, 0)
     for name, lo in (("block_size", 2), ("num_target_layers", 1), ("target_hidden_size", 1)):
-        if _cfg_get(raw, name) is not None:
-            integer(name, _cfg_get(raw, name), lo)
+        if dflash_config_get(raw, name) is not None:
+            integer(name, dflash_config_get(raw, name), lo)
     for name in ("input_embedding_scale", "output_multiplier", "final_logit_softcapping"):
-        if _cfg_get(raw, name) is not None:
-            number(name, _cfg_get(raw, name))
+        if dflash_config_get(raw, name) is not None:
+            number(name, dflash_config_get(raw, name))
 
 
 def load_dflash_model(path: str | Path, target_model: nn.Module,
@@ -540,28 +540,28 @@ def load_dflash_model(path: str | Path, target_model: nn.Module,
     raw = read_config(path)
     if not is_dflash_config(raw):
         raise ModelLoadError(f"{path} is not a DFlash checkpoint (no DFlash architecture, no dflash_config)")
-    _check_config(raw)
+    check_dflash_config(raw)
     try:
         config = Qwen3Config.from_dict(raw)
     except Exception as e:  # noqa: BLE001 - transformers validates with several exception types
         reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
         raise ModelLoadError(f"{path}: the DFlash config is not a valid Qwen3 config ({reason.strip()})") from None
     layer_types = getattr(config, "layer_types", None) or []
-    if any(t != "full_attention" for t in layer_types) or _cfg_get(raw, "causal"):
+    if any(t != "full_attention" for t in layer_types) or dflash_config_get(raw, "causal"):
         raise ModelLoadError("this DFlash checkpoint uses sliding-window or causal draft layers, which are not "
                              "supported (only the non-causal full-attention DFlash layout is)")
     tcfg = target_model.config
     n_target = int(getattr(tcfg, "num_hidden_layers"))
-    ids = _cfg_get(raw, "target_layer_ids")
+    ids = dflash_config_get(raw, "target_layer_ids")
     if ids is None:
-        ids = default_target_layer_ids(int(_cfg_get(raw, "num_target_layers", n_target)), config.num_hidden_layers)
+        ids = default_target_layer_ids(int(dflash_config_get(raw, "num_target_layers", n_target)), config.num_hidden_layers)
     ids = list(ids)
-    mask_id = _cfg_get(raw, "mask_token_id")
+    mask_id = dflash_config_get(raw, "mask_token_id")
     if mask_id is None:
         raise ModelLoadError("the DFlash config names no mask_token_id (dflash_config.mask_token_id)")
     if max(ids) >= n_target:
         raise ModelLoadError(f"DFlash target_layer_ids {ids} do not fit the target's {n_target} decoder layers")
-    th = int(_cfg_get(raw, "target_hidden_size", tcfg.hidden_size))
+    th = int(dflash_config_get(raw, "target_hidden_size", tcfg.hidden_size))
     if th != tcfg.hidden_size:
         raise ModelLoadError(f"the DFlash drafter expects a target hidden size of {th}; the target has "
                              f"{tcfg.hidden_size}")
@@ -574,7 +574,7 @@ def load_dflash_model(path: str | Path, target_model: nn.Module,
                              f"({emb.weight.shape[0]} rows)")
 
     model = DFlashModel(config, len(ids), tcfg.hidden_size)
-    state = _load_state_dict(path)
+    state = read_dflash_weights(path)
     for k in [k for k in state if k.startswith(("embed_tokens.", "lm_head."))]:
         del state[k]                              # the target's embedding/lm_head are used instead
     draft_vocab = state.pop("draft_vocab", None)  # optional: frequency-ranked ids (DraftVocab)
@@ -605,16 +605,16 @@ def drafter_from_model(model: DFlashModel, target: nn.Module, vocab_size: int | 
     """A DFlashDrafter over a built network; its config (a loaded checkpoint's, or training's) names the
     target layers, the mask token and the block size."""
     raw = model.config.to_dict() if hasattr(model.config, "to_dict") else dict(model.config)
-    ids = _cfg_get(raw, "target_layer_ids")
+    ids = dflash_config_get(raw, "target_layer_ids")
     if ids is None:
-        ids = default_target_layer_ids(int(_cfg_get(raw, "num_target_layers", target.config.num_hidden_layers)),
+        ids = default_target_layer_ids(int(dflash_config_get(raw, "num_target_layers", target.config.num_hidden_layers)),
                                        len(model.layers))
     return DFlashDrafter(model, target, target_layer_ids=[int(i) for i in ids],
-                         mask_token_id=int(_cfg_get(raw, "mask_token_id")),
-                         block_size=int(_cfg_get(raw, "block_size", DEFAULT_BLOCK_SIZE)), vocab_size=vocab_size,
-                         input_embedding_scale=float(_cfg_get(raw, "input_embedding_scale", 1.0)),
-                         output_multiplier=float(_cfg_get(raw, "output_multiplier", 1.0)),
-                         final_logit_softcapping=_cfg_get(raw, "final_logit_softcapping"), draft_vocab=draft_vocab)
+                         mask_token_id=int(dflash_config_get(raw, "mask_token_id")),
+                         block_size=int(dflash_config_get(raw, "block_size", DEFAULT_BLOCK_SIZE)), vocab_size=vocab_size,
+                         input_embedding_scale=float(dflash_config_get(raw, "input_embedding_scale", 1.0)),
+                         output_multiplier=float(dflash_config_get(raw, "output_multiplier", 1.0)),
+                         final_logit_softcapping=dflash_config_get(raw, "final_logit_softcapping"), draft_vocab=draft_vocab)
 
 
 def load_dflash(path: str | Path, target_model: nn.Module, vocab_size: int | None = None) -> DFlashDrafter:
