@@ -41,6 +41,45 @@ def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
 AttentionInterface.register(NAME, grouped_sdpa)
 AttentionMaskInterface.register(NAME, sdpa_mask)          # masks built as for sdpa (HF generate on the same model)
 
+EXACT = "cure_exact"
+
+
+def exact_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                    is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+    """Attention whose rows do not depend on the other rows of the pass: an int8 target's (`--dtype int8`).
+
+    query [B, Hq, q, D], key/value [B, Hkv, T, D], attention_mask [B, 1, q, T] (bool, or additive) ->
+    ([B, q, Hq, D], None). Why: sdpa takes another kernel for one query row than for a tree's N, and sums over
+    another number of (masked) keys, so a row's output moves by float32 rounding with the pass's shape. In
+    float32 that stays a rounding; in front of RowInt8Linear's input grid it can move a value across a
+    quantization step, and the verify of a tree then disagrees with `ar`. Rule: the scores, softmax and
+    weighted sum run in float64, where the products of float32 values are exact and a change of summation
+    order moves a sum by ~1e-16 relative, far below float32's rounding; the result is rounded to float32
+    once. Cost: a few hundred cached rows x 64 dims per head, small next to the int8 matmuls."""
+    b, hq, q, d = query.shape
+    hkv, t = key.shape[1], key.shape[2]
+    g = hq // hkv                                                        # query heads per K/V head
+    scale = scaling if scaling is not None else d ** -0.5
+    qs = query.double().reshape(b, hkv, g * q, d)                        # [B, Hkv, g*q, D]
+    scores = (qs @ key.double().transpose(-1, -2)) * scale               # [B, Hkv, g*q, T]
+    scores = scores.view(b, hkv, g, q, t)
+    if attention_mask is not None:
+        m = attention_mask[:, :, None, :, -t:]                           # [B, 1, 1, q, T]
+        scores = scores.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else scores + m.double()
+    probs = torch.softmax(scores, dim=-1).view(b, hkv, g * q, t)
+    out = (probs @ value.double()).view(b, hq, q, d)                     # [B, Hq, q, D]
+    return out.to(query.dtype).transpose(1, 2).contiguous(), None       # [B, q, Hq, D]
+
+
+AttentionInterface.register(EXACT, exact_attention)
+AttentionMaskInterface.register(EXACT, sdpa_mask)
+
+
+def use_exact_attention(model: torch.nn.Module) -> None:
+    """Switch a model to `exact_attention` (an int8 target; `use_grouped_attention` then leaves it)."""
+    model.set_attn_implementation(EXACT)
+
 
 def use_grouped_attention(model: torch.nn.Module) -> None:
     """Switch a model that runs transformers' sdpa to `grouped_sdpa` (other implementations stay)."""

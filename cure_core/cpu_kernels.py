@@ -182,6 +182,71 @@ class Int8Linear(PackedLinear):
         return super().extra_repr() + f", int8 up to {INT8_MAX_ROWS} rows"
 
 
+# RowInt8Linear's input grid: each row is divided by its own largest |x|, then quantized on one fixed grid
+# (uint8 around a zero point; 7 bits where REDUCE_RANGE, so AVX2's pair sums cannot saturate).
+ROW_QMAX = 127 if REDUCE_RANGE else 255
+ROW_ZERO = (ROW_QMAX + 1) // 2                       # 64 or 128: -1.0 .. 1.0 maps to 1 .. ROW_QMAX
+ROW_STEP = 1.0 / (ROW_QMAX // 2)                     # 1/63 or 1/127
+
+
+class RowInt8Linear(nn.Module):
+    """y = x W^T + b with W in int8 (one scale per output row) and every input row quantized to int8 with
+    its own scale: a target's `--dtype int8`. Each row is divided by its largest |x| and quantized on one
+    fixed grid (ROW_STEP, ROW_ZERO), fbgemm sums the int8 products exactly in int32, and the row's scale
+    multiplies its output back. Nothing in a row's result depends on the other rows of its pass, so a tree
+    verify of N rows gives each row what a one-row `ar` step gives it, bit for bit (tests/test_kernels.py):
+    the property lossless decoding in int8 rests on. fbgemm's dynamic linear (Int8Linear) shares one input
+    scale over the pass, which is why drafters may use it and targets may not. Memory: a quarter of the
+    float32 weight; the head keeps its float32 `weight` too (tied to the embedding, which reads it)."""
+
+    def __init__(self, linear: nn.Linear, keep_weight: bool):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        w = linear.weight.detach().float()                                   # [out, in]
+        scale = (w.abs().amax(dim=1) / 127).clamp(min=1e-12)                 # [out]: largest |w| -> 127
+        with warnings.catch_warnings():   # torch marks quantized tensors deprecated; 2.13 (pinned) has them
+            warnings.simplefilter("ignore", UserWarning)
+            q = torch.quantize_per_channel(w, scale.double(), torch.zeros_like(scale, dtype=torch.long), 0,
+                                           torch.qint8)
+        self.int8 = torch.ops.quantized.linear_prepack(q, None)             # bias added after the row scale
+        self.bias = None if linear.bias is None else linear.bias
+        self.weight = linear.weight if keep_weight else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled() and x.requires_grad:
+            raise RuntimeError("int8 layers are for inference; load the model in float32 to train through it")
+        rows = x.reshape(-1, self.in_features).float()                       # [M, in]
+        scale = rows.abs().amax(dim=1, keepdim=True).clamp(min=1e-30)        # [M, 1]
+        y = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
+            (rows / scale).contiguous(), ROW_STEP, ROW_ZERO, self.int8) * scale   # [M, out] float32
+        if self.bias is not None:
+            y = y + self.bias.detach().float()
+        return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, int8 rows"
+
+
+def run_dtype(model: nn.Module) -> str:
+    """The dtype a model's matmuls run in, by name: int8 for an int8 target, else its weights' dtype."""
+    if any(isinstance(m, RowInt8Linear) for m in model.modules()):
+        return "int8"
+    return str(next(model.parameters()).dtype).removeprefix("torch.")
+
+
+def int8_target(model: nn.Module) -> int:
+    """Swap every nn.Linear of `model` (the head too) for a RowInt8Linear, in place: a target under
+    `--dtype int8`. Returns how many were swapped. The head keeps its weight (the embedding reads it)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    count = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(parent, name, RowInt8Linear(child, keep_weight=child is head))
+                count += 1
+    return count
+
+
 def pack_linears(model: nn.Module, keep_weights: nn.Module | None = None, int8: bool = False) -> int:
     """Swap every nn.Linear in `model` for a PackedLinear, in place; returns how many were packed.
     The head, and every linear inside `keep_weights` (drafter training copies the target's last

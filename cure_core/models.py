@@ -18,6 +18,8 @@ from .checkpoints import (DTYPES, check_tokenizers_match, config_kind, draft_fol
                           load_tokenizer, torch_dtype)
 from .config import DecodeConfig
 from .cpu_kernels import KERNELS, bf16_kernels, int8_kernels, pack_linears, resolve_kernels, unavailable_reason
+from .cpu_kernels import int8_target as int8_target_layers
+from .attention import use_exact_attention
 from .drafters.causal import ArDrafter, PardDrafter
 from .drafters.dflash import DFlashModel, drafter_from_model, is_dflash_config, load_dflash_model
 from .drafters.vocab import lowest_ids
@@ -159,7 +161,15 @@ def load_pair(target: str, draft: str | None = None, *, drafter: str = "auto", m
     if draft_dtype not in (None, "auto", "int8", *DTYPES):
         raise ModelLoadError(f"unknown draft dtype {draft_dtype!r}; "
                              "choose one of float32, float16, bfloat16, int8, auto")
-    auto = draft_dtype == "auto"
+    if dtype not in (*DTYPES, "int8"):
+        raise ModelLoadError(f"unknown dtype {dtype!r}; choose one of float32, float16, bfloat16, int8")
+    int8_target = dtype == "int8"
+    if int8_target and (why := int8_unavailable(device, device_map, kernels, "int8 targets")):
+        raise ModelLoadError(f"`dtype` int8: {why}")
+    if int8_target and draft_dtype is None:
+        draft_dtype = "int8"                           # None: the drafters run in the target's dtype
+    dtype = "float32" if int8_target else dtype       # the network's dtype: an int8 target's norms, attention
+    auto = draft_dtype == "auto"                       # and embedding run in float32 (RowInt8Linear)
     asked = auto_draft_dtype(dtype, device, device_map, kernels) if auto else draft_dtype or dtype
     int8 = asked == "int8"
     if int8 and (why := int8_unavailable(device, device_map, kernels)):
@@ -172,6 +182,10 @@ def load_pair(target: str, draft: str | None = None, *, drafter: str = "auto", m
     if target_of is None:
         tmodel, tpath = load_model(target, device, dtype, device_map)
         tok = load_tokenizer(tpath)
+        if int8_target:
+            with phase("quantizing the target to int8 (--dtype int8)"):
+                int8_target_layers(tmodel)
+                use_exact_attention(tmodel)
     else:
         tmodel, tok = target_of.pair.target, target_of.tokenizer
     names = {"target": target}
@@ -202,6 +216,8 @@ def load_pair(target: str, draft: str | None = None, *, drafter: str = "auto", m
     models = [m for m in (tmodel, dmodel, amodel) if m is not None]   # every network a decode runs
     if target_of is not None:           # the shared target is already what it is: its drafters follow it
         models, kernels = models[1:], target_of.kernels
+    elif int8_target:                   # already int8: the drafters pack around it
+        models = models[1:]
     # what each drafter network runs in: a DFlash drafter's layers flash_dtype, causal drafters causal_dtype
     runs_in = [(m, flash_dtype if m is dmodel and kind == "dflash" else causal_dtype)
                for m in (dmodel, amodel) if m is not None]
@@ -210,7 +226,7 @@ def load_pair(target: str, draft: str | None = None, *, drafter: str = "auto", m
     # what the drafters run in: one dtype, or a DFlash drafter's and the chain draft's when they differ
     ran = {d for _, d in runs_in}
     if not ran:
-        named = dtype                                   # no drafter: nothing runs in a draft dtype
+        named = "int8" if int8_target else dtype        # no drafter: nothing runs in a draft dtype
     elif len(ran) == 1:
         named = ran.pop()
     else:
@@ -225,12 +241,13 @@ def int8_network_dtype() -> str:
     return "bfloat16" if bf16_kernels() else "float32"
 
 
-def int8_unavailable(device: str, device_map: str | None, kernels: str) -> str | None:
-    """Why `draft_dtype` int8 cannot run with these options, or None. It is a CPU kernel (Int8Linear)."""
+def int8_unavailable(device: str, device_map: str | None, kernels: str, what: str = "int8 drafters") -> str | None:
+    """Why `draft_dtype` (or `dtype`) int8 cannot run with these options, or None. It is a CPU kernel
+    (Int8Linear, RowInt8Linear)."""
     if device != "cpu" or device_map:
-        return f"int8 drafters run on the CPU only (device {device_map or device}); use bfloat16"
+        return f"{what} run on the CPU only (device {device_map or device}); use bfloat16"
     if kernels == "eager":
-        return "int8 drafters run on packed kernels, not `kernels` eager (nor `compile`)"
+        return f"{what} run on packed kernels, not `kernels` eager (nor `compile`)"
     if not int8_kernels():
         return "this torch build has no fbgemm int8 matmuls"
     return None

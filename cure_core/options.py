@@ -83,7 +83,9 @@ class EngineArgs:
         "0 elsewhere (a GPU's head is cheap). DFlash drafters use the vocabulary saved in their checkpoint. "
         "Never changes the output."))
     device: str = _opt("--device", default="cpu", help="cpu, cuda, cuda:1, mps ...")
-    dtype: str = _opt("--dtype", default="float32", help="float32 (lossless check), float16, bfloat16.")
+    dtype: str = _opt("--dtype", default="float32", help=(
+        "The target's dtype: float32 (lossless check), float16, bfloat16, or int8 (CPU: int8 weights, each input "
+        "row quantized on its own, so every strategy still equals ar in int8 token for token; packed kernels)."))
     draft_dtype: str = _opt("--draft-dtype", default="auto", help=(
         "The drafters' own networks (PARD, AR, --ar-draft, DFlash's layers): float32, float16, bfloat16, "
         "int8 (CPU, packed kernels: int8 weights for passes of up to 16 rows, such as chain steps), or "

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Iterator, Protocol, Sequence, runtime_checkable
 
 from cure_core.block import Block
+from cure_core.cpu_kernels import run_dtype
 from cure_core.config import FLAT_FIELDS, DecodeConfig
 from cure_core.engine import Engine
 from cure_core.errors import CureError, ModelLoadError
@@ -69,7 +70,7 @@ class ModelEngine:
         self.label = label
         self.calibration_prompt = calibration_prompt
         self.calibration_note = "measured after the last answer"
-        self.ar_dtype = short_dtype(next(self.pair.target.parameters()).dtype)
+        self.ar_dtype = short_dtype(run_dtype(self.pair.target))
         self._ar_engine: Engine | None = None      # calibrate()'s own: the chat's keeps its cached prefix
         self.thinking = getattr(loaded, "thinking", None)
         self._lock = threading.Lock()   # one generation at a time: drafters keep state
