@@ -17,7 +17,8 @@ models with cure_core/attention.py's grouped sdpa, transformers' loops with tran
 back around each of their generations); `ddtree:attention=sdpa` runs a cure strategy with transformers'.
 `cure:draft_dtype=bfloat16` runs a cure strategy over drafters loaded again in another dtype, and
 `cure:draft=PATH` over another draft checkpoint (e.g. a trained drafter against the alias's default), over
-the same target object (opened once per draft and dtype). `sd:int8_decoder=off` runs an int8 drafter's
+the same target object (opened once per draft and dtype). `cure:dtype=int8` runs it over the target loaded
+again in that dtype (one object per dtype); its output is checked against `ar:dtype=int8`, which must be listed. `sd:int8_decoder=off` runs an int8 drafter's
 short passes through transformers' forward instead of cure_core/int8_decoder.py's (an A/B of the two).
 `--kernels` (default auto: packed oneDNN
 matmuls on a float32 CPU, see cure_core/cpu_kernels.py) applies to those shared model objects, so
@@ -163,7 +164,7 @@ class Setup:
     models: dict
     config: object                               # the DecodeConfig the cure methods start from
     engine: object                               # the loaded pair's one Engine (tuners per config)
-    reopen: object = None                        # (draft, draft dtype) -> an Engine over the pair opened with them
+    reopen: object = None                        # (draft, draft dtype, dtype) -> an Engine over the pair opened with them
     notes: list[str] = field(default_factory=list)
     skipped: list[dict] = field(default_factory=list)
     tmpdir: object = None                        # keeps --tiny's folder alive
@@ -207,19 +208,23 @@ def load_setup(args) -> Setup:
     models["draft_vocab"] = loaded.draft_vocab
     models["draft_dtype"] = loaded.draft_dtype
     # the opened pair answers for its options' dtype (e.g. auto) and for the dtype that resolved to
-    engines = {(engine_args.draft, engine_args.draft_dtype): loaded.engine,
-               (engine_args.draft, loaded.draft_dtype): loaded.engine}
+    engines = {(engine_args.draft, engine_args.draft_dtype, engine_args.dtype): loaded.engine,
+               (engine_args.draft, loaded.draft_dtype, engine_args.dtype): loaded.engine}
+    targets = {engine_args.dtype: loaded}
 
-    def reopen(draft: str | None = None, draft_dtype: str | None = None):
-        """The `draft=` / `draft_dtype=` variants: the same options with another draft checkpoint or other
-        drafter weights, opened once per (draft, dtype) over the same target object."""
+    def reopen(draft: str | None = None, draft_dtype: str | None = None, dtype: str | None = None):
+        """The `draft=` / `draft_dtype=` / `dtype=` variants: the same options with another draft checkpoint,
+        other drafter weights or another target dtype, opened once per (draft, draft dtype, dtype); one target
+        object per dtype (`dtype=int8` loads the target again, quantized)."""
         draft = engine_args.draft if draft is None else draft
         draft_dtype = engine_args.draft_dtype if draft_dtype is None else draft_dtype
-        if (draft, draft_dtype) not in engines:
-            other = open_pair(engine_args.with_(draft=draft, draft_dtype=draft_dtype), strategies=strategies + chain,
-                              target_of=loaded)
-            engines[(draft, draft_dtype)] = other.engine
-        return engines[(draft, draft_dtype)]
+        dtype = engine_args.dtype if dtype is None else dtype
+        if (draft, draft_dtype, dtype) not in engines:
+            args_ = engine_args.with_(draft=draft, draft_dtype=draft_dtype, dtype=dtype)
+            other = open_pair(args_, strategies=strategies + chain, target_of=targets.get(dtype))
+            targets.setdefault(dtype, other)
+            engines[(draft, draft_dtype, dtype)] = other.engine
+        return engines[(draft, draft_dtype, dtype)]
     return Setup(pair=pair, tokenizer=loaded.tokenizer, prompts=prompts, models=models, config=loaded.config,
                  engine=loaded.engine, notes=list(loaded.notes), tmpdir=tmp, reopen=reopen)
 
@@ -346,7 +351,8 @@ def without_int8_decoder(pair, off: bool):
 
 
 def cure_method(strategy: str, engine, cfg, trace: bool = False, attention: str = "grouped",
-                draft_dtype: str | None = None, draft: str | None = None, int8_decoder: bool = True) -> Method:
+                draft_dtype: str | None = None, draft: str | None = None, int8_decoder: bool = True,
+                dtype: str | None = None) -> Method:
     from cure_core.metrics import summarize
 
     def run(ids: list[int], max_new: int) -> dict:
@@ -387,6 +393,10 @@ def cure_method(strategy: str, engine, cfg, trace: bool = False, attention: str 
         settings["draft"] = str(draft)
     if not int8_decoder:
         settings["int8_decoder"] = "off"
+    if dtype is not None:
+        # another target: its output is checked against `ar` on that target, not against HF's float32 greedy
+        settings["dtype"] = str(dtype)
+        settings["reference"] = f"cure_ar:dtype={dtype}"
     return Method(f"cure_{strategy}", "cure", settings, run)
 
 
@@ -470,6 +480,7 @@ def build_methods(args, setup: Setup) -> list[Method]:
         attention = changes.pop("attention", "grouped")
         draft_dtype = changes.pop("draft_dtype", None)
         draft = changes.pop("draft", None)
+        dtype = changes.pop("dtype", None)
         int8_decoder = changes.pop("int8_decoder", "on")
         try:
             if attention not in ("grouped", "sdpa"):
@@ -477,13 +488,21 @@ def build_methods(args, setup: Setup) -> list[Method]:
             if int8_decoder not in ("on", "off"):
                 raise ConfigError(f"int8_decoder={int8_decoder}: choose on (Int8Decoder) or off (transformers')")
             # neither set: the options' own (draft, dtype), i.e. the pair already opened
-            engine = setup.reopen(None if draft is None else str(draft), None if draft_dtype is None else str(draft_dtype))
+            engine = setup.reopen(None if draft is None else str(draft), None if draft_dtype is None else str(draft_dtype),
+                                  None if dtype is None else str(dtype))
             engine.pair.drafter_for(s)
             methods.append(cure_method(spec, engine, setup.config.with_(strategy=s, **changes),
                                        trace=args.trace_tuner, attention=attention, draft_dtype=draft_dtype,
-                                       draft=draft, int8_decoder=int8_decoder == "on"))
+                                       draft=draft, int8_decoder=int8_decoder == "on", dtype=dtype))
         except (ConfigError, ModelLoadError, TypeError) as e:
             setup.skipped.append({"method": f"cure_{spec}", "reason": str(e)})
+    names = {m.name for m in methods}
+    for m in methods:
+        if m.settings.get("reference", REFERENCE) not in names:
+            raise SystemExit(f"{m.name} is checked against {m.settings['reference']}: add "
+                             f"{m.settings['reference'].removeprefix('cure_')} to --strategies")
+    for ref in sorted({m.settings["reference"] for m in methods if "reference" in m.settings}):
+        setup.notes.append(f"'= HF greedy' of the {ref.partition(':')[2]} rows: equal to {ref}'s output (another target)")
     return methods
 
 
@@ -673,17 +692,17 @@ def main(argv: Sequence[str] | None = None) -> dict:
                 console.print(f"[{done}/{total}] {tid} {m.name}: {len(rec[1]['tokens'])} tok, "
                               f"{'-' if tps is None else f'{tps:.2f}'} tok/s")
         # compared once every method has run: the reference need not run first
-        ref_tokens = runs[REFERENCE][1]["tokens"] if REFERENCE in runs else None
         for m in methods:                                # results in the methods' listed order
             position, rec = runs[m.name]
-            mm = first_mismatch(rec["tokens"], ref_tokens)
+            ref = m.settings.get("reference", REFERENCE)
+            mm = first_mismatch(rec["tokens"], runs[ref][1]["tokens"] if ref in runs else None)
             tps = _rate(rec["decode_tokens"], rec["decode_ms"])
             results.append({"prompt_index": pi, "set": set_name, "task_id": tid, "method": m.name, "prompt_tokens": len(ids),
                             "new_tokens": len(rec["tokens"]), **rec, "tokens_per_s": tps,
                             "tpot_ms": 1e3 / tps if tps else None, "matches_hf_greedy": mm is None,
                             "first_mismatch": mm, "run_position": position})
             if mm is not None and not args.quiet:
-                console.print(f"{tid} {m.name}: [red]differs from HF greedy at token {mm}[/red]")
+                console.print(f"{tid} {m.name}: [red]differs from {ref} at token {mm}[/red]")
 
     summary = summarize_methods(methods, results)
     sets = sorted({r["set"] for r in results}, key=[x[0] for x in setup.prompts].index)

@@ -215,3 +215,23 @@ def test_the_report_path_is_checked_before_any_model_loads_and_written_whole(pee
     drafts = {m["name"]: m["settings"]["drafts"] for m in ret["methods"] if m["kind"] == "cure"}
     assert drafts == {"cure_sd": "chain", "cure_cure": "block"}
     assert ret["models"]["chain_strategies"] == ["sd"]
+
+
+def test_a_dtype_variant_runs_another_target_checked_against_its_own_ar(peers, tmp_path):
+    """`cure:dtype=int8` loads the target again in int8; its rows are checked against `ar:dtype=int8`, which
+    must be listed (one line otherwise)."""
+    from cure_core.cpu_kernels import int8_kernels
+    if not int8_kernels():
+        pytest.skip("no fbgemm int8 matmuls")
+    out = tmp_path / "p.json"
+    rep = peers.main(["--tiny", "--limit", "2", "--max-new-tokens", "8", "--k", "4", "--threads", "1", "--hf", "",
+                      "--warmup-tokens", "2", "--quiet", "--strategies", "ar,ar:dtype=int8,cure:dtype=int8",
+                      "--json", str(out)])
+    s = rep["summary"]
+    assert s["cure_cure:dtype=int8"]["all_match_hf_greedy"] and s["cure_ar:dtype=int8"]["all_match_hf_greedy"]
+    settings = {m["name"]: m["settings"] for m in rep["methods"]}
+    assert settings["cure_cure:dtype=int8"]["reference"] == "cure_ar:dtype=int8"
+    assert any("equal to cure_ar:dtype=int8" in n for n in rep["notes"])
+    with pytest.raises(SystemExit, match="add ar:dtype=int8 to --strategies"):
+        peers.main(["--tiny", "--limit", "1", "--max-new-tokens", "4", "--threads", "1", "--quiet",
+                    "--strategies", "cure:dtype=int8", "--json", str(tmp_path / "q.json")])
