@@ -378,9 +378,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
                 tps = peers._rate(rec["decode_tokens"], rec["decode_ms"])
                 console.print(f"[{done}/{total}] {tid} {m.name}: {len(rec['tokens'])} tok, "
                               f"{'-' if tps is None else f'{tps:.2f}'} tok/s")
-        ref = runs[peers.REFERENCE][1]["tokens"]
         for m in methods:
             position, rec = runs[m.name]
+            ref = runs[peers.reference_of(m)][1]["tokens"]     # HF greedy, or ar on another target (dtype=)
             # llama.cpp does not write the end-of-generation token it stopped at: compare without ours
             mine = ref[:-1] if rec.get("eog") and ref and ref[-1] in eos else ref
             mm = peers.first_mismatch(rec["tokens"], mine)

@@ -498,7 +498,7 @@ def build_methods(args, setup: Setup) -> list[Method]:
             setup.skipped.append({"method": f"cure_{spec}", "reason": str(e)})
     names = {m.name for m in methods}
     for m in methods:
-        if m.settings.get("reference", REFERENCE) not in names:
+        if reference_of(m) not in names:
             raise SystemExit(f"{m.name} is checked against {m.settings['reference']}: add "
                              f"{m.settings['reference'].removeprefix('cure_')} to --strategies")
     for ref in sorted({m.settings["reference"] for m in methods if "reference" in m.settings}):
@@ -510,6 +510,11 @@ def build_methods(args, setup: Setup) -> list[Method]:
 
 def _rate(tokens: int, ms: float) -> float | None:
     return 1e3 * tokens / ms if ms > 0 and tokens > 0 else None
+
+
+def reference_of(m: Method) -> str:
+    """The method whose output `m`'s is checked against: HF greedy, or `ar` on another target (dtype=)."""
+    return m.settings.get("reference", REFERENCE)
 
 
 def first_mismatch(a: Sequence[int], b: Sequence[int]) -> int | None:
@@ -694,8 +699,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
         # compared once every method has run: the reference need not run first
         for m in methods:                                # results in the methods' listed order
             position, rec = runs[m.name]
-            ref = m.settings.get("reference", REFERENCE)
-            mm = first_mismatch(rec["tokens"], runs[ref][1]["tokens"] if ref in runs else None)
+            ref = reference_of(m)
+            mm = first_mismatch(rec["tokens"], runs[ref][1]["tokens"])
             tps = _rate(rec["decode_tokens"], rec["decode_ms"])
             results.append({"prompt_index": pi, "set": set_name, "task_id": tid, "method": m.name, "prompt_tokens": len(ids),
                             "new_tokens": len(rec["tokens"]), **rec, "tokens_per_s": tps,

@@ -64,6 +64,10 @@ def exact_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     qs = query.double().reshape(b, hkv, g * q, d)                        # [B, Hkv, g*q, D]
     scores = (qs @ key.double().transpose(-1, -2)) * scale               # [B, Hkv, g*q, T]
     scores = scores.view(b, hkv, g, q, t)
+    if attention_mask is None and q > 1 and is_causal is not False:
+        # no mask: causal, as sdpa's is_causal (transformers leaves out a mask that is plainly causal),
+        # the q rows being the last q of the T keys
+        attention_mask = torch.ones(q, t, dtype=torch.bool, device=query.device).tril(t - q)[None, None]
     if attention_mask is not None:
         m = attention_mask[:, :, None, :, -t:]                           # [B, 1, 1, q, T]
         scores = scores.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else scores + m.double()

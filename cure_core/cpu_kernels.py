@@ -189,6 +189,15 @@ ROW_ZERO = (ROW_QMAX + 1) // 2                       # 64 or 128: -1.0 .. 1.0 ma
 ROW_STEP = 1.0 / (ROW_QMAX // 2)                     # 1/63 or 1/127
 
 
+def row_int8_matmul(rows: torch.Tensor, packed, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """rows [M, in] float32 @ an int8 weight prepacked without bias -> [M, out] float32 (+ bias): each row
+    quantized on its own (RowInt8Linear's rule; int8_decoder.py runs fused weights through it too)."""
+    scale = rows.abs().amax(dim=1, keepdim=True).clamp(min=1e-30)            # [M, 1]
+    y = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
+        (rows / scale).contiguous(), ROW_STEP, ROW_ZERO, packed).mul_(scale)  # [M, out]
+    return y if bias is None else y.add_(bias)
+
+
 class RowInt8Linear(nn.Module):
     """y = x W^T + b with W in int8 (one scale per output row) and every input row quantized to int8 with
     its own scale: a target's `--dtype int8`. Each row is divided by its largest |x| and quantized on one
@@ -215,12 +224,8 @@ class RowInt8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() and x.requires_grad:
             raise RuntimeError("int8 layers are for inference; load the model in float32 to train through it")
-        rows = x.reshape(-1, self.in_features).float()                       # [M, in]
-        scale = rows.abs().amax(dim=1, keepdim=True).clamp(min=1e-30)        # [M, 1]
-        y = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
-            (rows / scale).contiguous(), ROW_STEP, ROW_ZERO, self.int8) * scale   # [M, out] float32
-        if self.bias is not None:
-            y = y + self.bias.detach().float()
+        bias = None if self.bias is None else self.bias.detach().float()
+        y = row_int8_matmul(x.reshape(-1, self.in_features).float(), self.int8, bias)   # [M, out] float32
         return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

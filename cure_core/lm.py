@@ -243,11 +243,13 @@ class CachedLM:
         # Rule: a compiled forward keeps its signature (another one would be another compilation)
         skip_head = {"logits_to_keep": 1} if not logits and self._keeps_logits and run is self.eager else {}
         # Rule: an int8 drafter's pass of up to INT8_MAX_ROWS rows (a chain step) runs Int8Decoder; the same
-        # rows the int8 layers would run, without transformers' casts (int8_decoder.py)
-        flat = n_pad <= INT8_MAX_ROWS and not self.hidden_layers and self.int8_decoder() is not None
+        # rows the int8 layers would run, without transformers' casts (int8_decoder.py). An int8 target
+        # (`exact`) runs every pass there: one forward for every row count.
+        dec = self.int8_decoder()
+        flat = dec is not None and (dec.exact or (n_pad <= INT8_MAX_ROWS and not self.hidden_layers))
         try:
             if flat:
-                last = self.int8(ids, mask[None, None], pos[None], self.cache)    # [N_pad, H]
+                last, flat_hidden = dec(ids, mask[None, None], pos[None], self.cache, self.hidden_layers)  # [N_pad, H]
             else:
                 out = run(input_ids=ids, attention_mask=mask[None, None].to(self.device),
                           position_ids=pos[None].to(self.device), cache=self.cache, use_cache=True,
@@ -263,7 +265,7 @@ class CachedLM:
                     layer.used = end                         # update() already advanced cumulative_length
         hidden = None
         if self.hidden_layers:
-            hidden = torch.cat([out.hidden_states[i][0, :n] for i in self.hidden_layers], dim=-1)   # a copy
+            hidden = flat_hidden[:n] if flat else torch.cat([out.hidden_states[i][0, :n] for i in self.hidden_layers], dim=-1)
         rows = None
         if flat:
             last = last[:n]

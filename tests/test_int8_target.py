@@ -55,6 +55,11 @@ def test_exact_attention_rows_do_not_depend_on_their_pass():
         assert torch.equal(one[:, 0], out[:, i]), i
     ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
     assert torch.allclose(out.transpose(1, 2), ref, atol=1e-6)
+    # no mask (transformers leaves out a plainly causal one): causal, the rows being the last of the keys
+    out, _ = exact_attention(module, q, k, v, None)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k[:, :, :6], v[:, :, :6], is_causal=True, enable_gqa=True)
+    assert torch.allclose(exact_attention(module, q, k[:, :, :6], v[:, :, :6], None)[0].transpose(1, 2), ref, atol=1e-6)
+    assert torch.equal(out, exact_attention(module, q, k, v, torch.ones(6, 30, dtype=torch.bool).tril(24)[None, None])[0])
 
 
 def _int8(model):
@@ -145,3 +150,29 @@ def test_every_strategy_equals_ar_in_int8_on_the_real_default_pair():
         ref = pair.generate(prompt, strategy="ar", max_new_tokens=48).token_ids
         for strategy in ("cure", "ddtree", "parallel"):
             assert pair.generate(prompt, strategy=strategy, max_new_tokens=48).token_ids == ref, (strategy, prompt)
+
+
+def test_an_int8_target_runs_one_flat_forward_for_every_pass(target):
+    """CachedLM runs an int8 target through Int8Decoder (exact) for every pass, hidden states (a DFlash
+    drafter's features) and prefill included: a chain of 6 rows in one pass gives each row the logits and
+    hidden states of six one-row passes, bit for bit, close to transformers' forward of the same layers."""
+    from cure_core.lm import CachedLM
+    t8 = _int8(target)
+    toks = [3, 17, 42, 99, 7, 250]
+    whole = CachedLM(t8, hidden_layers=(0, 1, 2))
+    assert whole.int8_decoder() is not None and whole.int8_decoder().exact
+    whole.prefill([1, 2])
+    fw = whole.forward(toks, [-1] + list(range(len(toks) - 1)))
+    steps = CachedLM(t8, hidden_layers=(0, 1, 2))
+    steps.prefill([1, 2])
+    rows, hidden = [], []
+    for i, t in enumerate(toks):
+        f = steps.forward([t], [i - 1])
+        rows.append(f.logits)
+        hidden.append(f.hidden)
+    assert torch.equal(fw.logits, torch.cat(rows)) and torch.equal(fw.hidden, torch.cat(hidden))
+    ids = torch.tensor([[1, 2] + toks])
+    with torch.inference_mode():
+        ref = t8(input_ids=ids, output_hidden_states=True)         # transformers' forward, same int8 layers
+    assert torch.allclose(fw.logits, ref.logits[0, 2:].float(), atol=1e-3)
+    assert torch.allclose(fw.hidden, torch.cat([ref.hidden_states[i][0, 2:] for i in (0, 1, 2)], -1), atol=1e-4)
