@@ -24,6 +24,7 @@ int8 is the slower one, 75 against 54 ms).
 from __future__ import annotations
 
 import warnings
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -151,6 +152,17 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, packed"
 
 
+def int8_rows(weight: torch.Tensor) -> torch.Tensor:
+    """W [out, in] -> int8 with one scale per output row (its largest |w| -> 127): the weight of Int8Linear
+    and RowInt8Linear."""
+    w = weight.detach().float()                                          # [out, in]
+    scale = (w.abs().amax(dim=1) / 127).clamp(min=1e-12)                 # [out]
+    with warnings.catch_warnings():   # torch marks quantized tensors deprecated; 2.13 (pinned) has them
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.quantize_per_channel(w, scale.double(), torch.zeros_like(scale, dtype=torch.long), 0,
+                                          torch.qint8)
+
+
 class Int8Linear(PackedLinear):
     """A PackedLinear that runs passes of up to INT8_MAX_ROWS rows on an int8 copy of W (one scale per
     output row of W), with the inputs quantized to int8 on the fly (one scale per pass: fbgemm's dynamic
@@ -162,12 +174,7 @@ class Int8Linear(PackedLinear):
 
     def __init__(self, linear: nn.Linear, keep_weight: bool):
         super().__init__(linear, keep_weight)
-        w = linear.weight.detach().float()                                   # [out, in]
-        scale = (w.abs().amax(dim=1) / 127).clamp(min=1e-12)                 # [out]: largest |w| -> 127
-        with warnings.catch_warnings():   # torch marks quantized tensors deprecated; 2.13 (pinned) has them
-            warnings.simplefilter("ignore", UserWarning)
-            q = torch.quantize_per_channel(w, scale.double(), torch.zeros_like(scale, dtype=torch.long), 0,
-                                           torch.qint8)
+        q = int8_rows(linear.weight)
         bias = None if linear.bias is None else linear.bias.detach().float()
         self.int8 = torch.ops.quantized.linear_prepack(q, bias)             # opaque fbgemm layout
 
@@ -211,12 +218,7 @@ class RowInt8Linear(nn.Module):
     def __init__(self, linear: nn.Linear, keep_weight: bool):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        w = linear.weight.detach().float()                                   # [out, in]
-        scale = (w.abs().amax(dim=1) / 127).clamp(min=1e-12)                 # [out]: largest |w| -> 127
-        with warnings.catch_warnings():   # torch marks quantized tensors deprecated; 2.13 (pinned) has them
-            warnings.simplefilter("ignore", UserWarning)
-            q = torch.quantize_per_channel(w, scale.double(), torch.zeros_like(scale, dtype=torch.long), 0,
-                                           torch.qint8)
+        q = int8_rows(linear.weight)
         self.int8 = torch.ops.quantized.linear_prepack(q, None)             # bias added after the row scale
         self.bias = None if linear.bias is None else linear.bias
         self.weight = linear.weight if keep_weight else None
@@ -239,17 +241,22 @@ def run_dtype(model: nn.Module) -> str:
     return str(next(model.parameters()).dtype).removeprefix("torch.")
 
 
-def int8_target(model: nn.Module) -> int:
-    """Swap every nn.Linear of `model` (the head too) for a RowInt8Linear, in place: a target under
-    `--dtype int8`. Returns how many were swapped. The head keeps its weight (the embedding reads it)."""
+def _swap_linears(model: nn.Module, make: Callable[[nn.Linear, bool], nn.Module]) -> int:
+    """Replace every nn.Linear of `model` by make(linear, is_head), in place; returns how many."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     count = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
-                setattr(parent, name, RowInt8Linear(child, keep_weight=child is head))
+                setattr(parent, name, make(child, child is head))
                 count += 1
     return count
+
+
+def int8_target(model: nn.Module) -> int:
+    """Swap every nn.Linear of `model` (the head too) for a RowInt8Linear, in place: a target under
+    `--dtype int8`. Returns how many were swapped. The head keeps its weight (the embedding reads it)."""
+    return _swap_linears(model, lambda lin, is_head: RowInt8Linear(lin, keep_weight=is_head))
 
 
 def pack_linears(model: nn.Module, keep_weights: nn.Module | None = None, int8: bool = False) -> int:
@@ -257,13 +264,9 @@ def pack_linears(model: nn.Module, keep_weights: nn.Module | None = None, int8: 
     The head, and every linear inside `keep_weights` (drafter training copies the target's last
     layer), keep their `weight`. `int8`: every layer but the head becomes an Int8Linear (a drafter's
     `--draft-dtype int8`; the head keeps the packed weight that drafters read rows of)."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     kept = set(map(id, keep_weights.modules())) if keep_weights is not None else set()
-    count = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear):
-                kind = Int8Linear if int8 and child is not head else PackedLinear
-                setattr(parent, name, kind(child, keep_weight=child is head or id(child) in kept))
-                count += 1
-    return count
+
+    def make(lin: nn.Linear, is_head: bool) -> nn.Module:
+        kind = Int8Linear if int8 and not is_head else PackedLinear
+        return kind(lin, keep_weight=is_head or id(lin) in kept)
+    return _swap_linears(model, make)

@@ -66,18 +66,13 @@ def _fuse(linears: list) -> tuple[torch.ScriptObject, torch.Tensor | None]:
     """(one fbgemm int8 weight with the given layers' output rows stacked: their int8 values and per-row
     scales as they are, no re-rounding; the stacked float32 bias a RowInt8Linear adds after its row scale,
     or None: an Int8Linear's bias is packed with its weight)."""
-    row = isinstance(linears[0], RowInt8Linear)
+    bias = None                                            # what RowInt8Linears add after their row scale
+    if isinstance(linears[0], RowInt8Linear) and any(x.bias is not None for x in linears):
+        bias = torch.cat([x.bias.detach().float() if x.bias is not None else torch.zeros(x.out_features)
+                          for x in linears])
     if len(linears) == 1:                                  # nothing to stack: the layer's own weight
-        x = linears[0]
-        return x.int8, (x.bias.detach().float() if row and x.bias is not None else None)
-    qs, biases = zip(*(torch.ops.quantized.linear_unpack(x.int8) for x in linears))
-    if row:
-        after = [x.bias for x in linears]
-        bias = None if all(b is None for b in after) else torch.cat(
-            [b.detach().float() if b is not None else torch.zeros(x.out_features) for b, x in zip(after, linears)])
-        biases = (None,) * len(qs)
-    else:
-        bias = None
+        return linears[0].int8, bias
+    qs, biases = zip(*(torch.ops.quantized.linear_unpack(x.int8) for x in linears))   # (a RowInt8Linear's: None)
     ints = torch.cat([q.int_repr() for q in qs])                                    # [sum out, in] int8
     scales = torch.cat([q.q_per_channel_scales() for q in qs])                      # [sum out] float64
     zeros = torch.cat([q.q_per_channel_zero_points() for q in qs])                  # [sum out]
