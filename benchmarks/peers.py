@@ -381,7 +381,7 @@ def cure_method(strategy: str, engine, cfg, trace: bool = False, attention: str 
         return {"tokens": [t for b in blocks for t in b.emitted], "prefill_ms": s.prefill_ms,
                 "total_ms": wall, "decode_ms": s.decode_ms, "decode_tokens": s.new_tokens,
                 "target_forwards": s.blocks, "draft_ms": s.draft_ms, "tree_ms": s.tree_ms,
-                "verify_ms": s.verify_ms, "commit_ms": s.commit_ms, "mean_tree_size": s.mean_tree_size,
+                "verify_ms": s.verify_ms, "commit_ms": s.commit_ms, "learn_ms": s.learn_ms, "mean_tree_size": s.mean_tree_size,
                 "k": c.k, "v_max": c.v_max, "auto_budget": c.auto_budget,
                 "blocks": block_records(blocks, c, views)}
 

@@ -36,10 +36,11 @@ class Timings:
     tree_ms: float = 0.0          # UFPs, budget, trie merge, masks (no model compute)
     verify_ms: float = 0.0        # the one target forward over the tree, plus acceptance
     commit_ms: float = 0.0        # KV compaction and drafter resync bookkeeping
+    learn_ms: float = 0.0         # the policy's learners taking in the verified block (policy.learn)
 
     @property
     def total_ms(self) -> float:
-        return self.draft_ms + self.tree_ms + self.verify_ms + self.commit_ms
+        return self.draft_ms + self.tree_ms + self.verify_ms + self.commit_ms + self.learn_ms
 
 
 @dataclass(frozen=True)

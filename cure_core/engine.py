@@ -8,7 +8,7 @@ forward over [root, tree nodes] both verifies the tree and produces the next roo
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterator, Sequence
 
 import torch
@@ -311,8 +311,10 @@ class Engine:
                                 verify_ms=(t_verify - t_plan) * 1e3, commit_ms=(t_commit - t_verify) * 1e3),
                 stop=stop, meta=plan.meta)
 
-            # 4. Learn: what the verified block teaches the policy (budget, acceptance, re-draft price).
+            # 4. Learn: what the verified block teaches the policy (budget, acceptance, re-draft price). Its
+            # time is the block's too: the next block cannot start before it.
             block.meta.update(policy.learn(plan, block))
+            block = replace(block, timings=replace(block.timings, learn_ms=(now() - t_commit) * 1e3))
             yield block
             new += len(emitted)
             index += 1

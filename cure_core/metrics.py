@@ -24,6 +24,7 @@ class GenerationStats:
     tree_ms: float
     verify_ms: float
     commit_ms: float
+    learn_ms: float
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -56,6 +57,7 @@ def summarize(blocks: Sequence[Block]) -> GenerationStats:
         prefill_ms=sum(x.prefill_ms for x in t), decode_ms=decode,
         draft_ms=sum(x.draft_ms for x in t), tree_ms=sum(x.tree_ms for x in t),
         verify_ms=sum(x.verify_ms for x in t), commit_ms=sum(x.commit_ms for x in t),
+        learn_ms=sum(x.learn_ms for x in t),
     )
 
 

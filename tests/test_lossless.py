@@ -1001,3 +1001,24 @@ def test_cure_at_a_fixed_budget_skips_a_redraft_pass_that_wins_nothing_and_stays
     again = list(engine.generate(prompt))
     assert len(calls) - before <= len(again) // 8 + 1                 # the same price: probes only, from block 0
     assert engine.policy_for(cfg.with_(strategy="ddtree")).timed is False         # ddtree prices no pass
+
+
+def test_the_policys_learning_is_counted_in_its_blocks_time(target, drafts, monkeypatch):
+    """policy.learn runs before the next block can start, so its time is the block's own (Timings.learn_ms,
+    in total_ms and so in every tokens/s), and the output is still ar's."""
+    from cure_core.metrics import summarize
+    from cure_core.policies import BestFirstCure
+    learn = BestFirstCure.learn
+
+    def slow(self, plan, block):
+        time.sleep(0.02)
+        return learn(self, plan, block)
+    monkeypatch.setattr(BestFirstCure, "learn", slow)
+    pair = make_pair(target, drafts["mild"])
+    cfg = DecodeConfig.of(strategy="cure", k=6, max_new_tokens=16)
+    out, blocks = run(pair, cfg, list(b"def fib(n):\n    "))
+    assert out == generate_ids(pair, cfg.with_(strategy="ar"), list(b"def fib(n):\n    "))
+    assert all(b.timings.learn_ms >= 20.0 for b in blocks)
+    t = blocks[0].timings
+    assert t.total_ms == pytest.approx(t.draft_ms + t.tree_ms + t.verify_ms + t.commit_ms + t.learn_ms)
+    assert summarize(blocks).decode_ms >= 20.0 * len(blocks)

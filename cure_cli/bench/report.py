@@ -150,12 +150,12 @@ def print_tables(console: Console, results: dict) -> None:
 
     t = _table("time split (share of decode time; prefill excluded) and the ceiling: tau x ar TPOT / verify ms "
                "per block", ("run", "left"), ("ms/block", "right"),
-               ("draft", "right"), ("tree", "right"), ("verify", "right"), ("commit", "right"),
+               ("draft", "right"), ("tree", "right"), ("verify", "right"), ("commit", "right"), ("learn", "right"),
                (_x_ar(results, "ceiling "), "right"), ("of ceiling", "right"))
     for name in names:
         m = metrics[name]
         sp = m["time_split"]
-        t.add_row(name, f"{m['ms_per_block']:.1f}", *(f"{sp[k]:.0%}" for k in ("draft", "tree", "verify", "commit")),
+        t.add_row(name, f"{m['ms_per_block']:.1f}", *(f"{sp.get(k, 0.0):.0%}" for k in ("draft", "tree", "verify", "commit", "learn")),
                   _f(m.get("ceiling_speedup_vs_ar"), "{:.2f}x"), _f(m.get("share_of_ceiling"), "{:.0%}"))
     console.print(t)
 

@@ -36,7 +36,7 @@ def run_metrics(pairs: Sequence[PairResult], depth: int) -> dict:
     blocks = [b for p in pairs for b in p.blocks]
     s = summarize(blocks)
     drafted = any(b.draft for b in blocks)
-    split_total = s.draft_ms + s.tree_ms + s.verify_ms + s.commit_ms
+    split_total = s.draft_ms + s.tree_ms + s.verify_ms + s.commit_ms + s.learn_ms
     return {
         "strategy": pairs[0].strategy if pairs else "",
         "prompts": len(pairs),
@@ -54,10 +54,10 @@ def run_metrics(pairs: Sequence[PairResult], depth: int) -> dict:
         "max_tree_size": s.max_tree_size,
         "per_position_acceptance": per_position_acceptance(blocks, depth) if drafted else None,
         "time_ms": {"prefill": s.prefill_ms, "decode": s.decode_ms, "draft": s.draft_ms, "tree": s.tree_ms,
-                    "verify": s.verify_ms, "commit": s.commit_ms},
+                    "verify": s.verify_ms, "commit": s.commit_ms, "learn": s.learn_ms},
         "time_split": {k: (v / split_total if split_total else 0.0) for k, v in
                        (("draft", s.draft_ms), ("tree", s.tree_ms), ("verify", s.verify_ms),
-                        ("commit", s.commit_ms))},
+                        ("commit", s.commit_ms), ("learn", s.learn_ms))},
         "ms_per_block": s.decode_ms / s.blocks if s.blocks else 0.0,
         "budget": _budget(blocks),
     }

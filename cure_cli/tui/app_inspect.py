@@ -16,6 +16,7 @@ from cure_core.block import Block
 from cure_core.metrics import summarize
 from cure_core.trace import Trace
 
+from .engine_protocol import trace_dtype
 from .tokens import TokenText
 from .widgets import (side_panels, TREE_LEGEND, AnswerText, HelpScreen, JumpScreen, MarginsChart, RepairTree,
                       StatsPanel, binding_rows, origin_legend, stats_view, tree_legend)
@@ -70,6 +71,7 @@ class InspectApp(App):
             self.answers.append(answer)
         ar = [b for g in trace.generations if g.strategy == "ar" for b in g.blocks]
         self.ar_tps = summarize(ar).tokens_per_s if ar else None
+        self.ar_dtype = trace_dtype(trace.header)
         self.current = max(0, min(start, len(self.items) - 1))
 
     def compose(self) -> ComposeResult:
@@ -119,7 +121,7 @@ class InspectApp(App):
             info.append(f" · repair won +{block.delta_a}", Style(color="magenta", bold=True))
         tm = block.timings
         info.append(f"\ndraft {tm.draft_ms:.1f} · tree {tm.tree_ms:.1f} · verify {tm.verify_ms:.1f} · "
-                    f"commit {tm.commit_ms:.1f} ms", Style(dim=True))
+                    f"commit {tm.commit_ms:.1f} · learn {tm.learn_ms:.1f} ms", Style(dim=True))
         if block.stop:
             info.append(f" · stop: {block.stop}", Style(color="yellow"))
         self.query_one("#info", Static).update(info)
@@ -143,7 +145,7 @@ class InspectApp(App):
         upto = gen.blocks[: pos + 1]
         stats = self.query_one(StatsPanel)
         stats.show(stats_view(upto, block, upto, self.ar_tps, "from this trace's ar run" if self.ar_tps else "",
-                              highlight=pos, spark=gen.blocks))
+                              highlight=pos, spark=gen.blocks, ar_dtype=self.ar_dtype))
         stats.border_subtitle = f"up to block {index}"
         self.query_one("#text-panel").border_subtitle = (
             LEGEND_MARKUP if self.size.width >= 100 else f"block {index}/{len(self.items) - 1}")
