@@ -23,7 +23,7 @@ from rich.console import Console, Group
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from cure_core.cpu_kernels import cpu_info
+from cure_core.cpu_kernels import cpu_info, run_dtype
 from cure_core.metrics import ORDERS
 from cure_core.options import EngineArgs
 
@@ -388,7 +388,7 @@ def bench(
         trace_path = output_dir / report.TRACE_FILE
         base = m.runs[0].config
         writer = TraceWriter(trace_path, models=pair.names, config=base.to_dict(),
-                             extra={"thinking": m.pair.thinking,
+                             extra={"thinking": m.pair.thinking, "dtype": run_dtype(pair.target),
                                     "bench": {"dataset": p.dataset, "runs": {r.name: r.config.to_dict() for r in m.runs}}})
         try:
             finished, status = run(p, m, log, writer, scorer, warmup)

@@ -289,6 +289,7 @@ def test_end_to_end_all_strategies_with_ablation(tiny_dirs, prompts_file, tmp_pa
     # trace: one generation per (prompt, run), in the interleaved order
     trace = read_trace(out / "trace.jsonl")
     assert trace.footer["status"] == "complete"
+    assert trace.header["dtype"] == "float32"          # what inspect's and a replay's "vs AR" name
     assert len(trace.generations) == 2 * len(names)
     run_cfg = {n: res["runs"][n] for n in names}
     order = [next(n for n in names if run_cfg[n] == g.config) for g in trace.generations]

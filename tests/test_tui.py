@@ -23,7 +23,7 @@ from cure_core.drafters.causal import PardDrafter
 from cure_core.engine import Engine, GenerationError, ModelPair
 from cure_core.models import LoadedPair, encode_prompt
 from cure_core.tiny import BYTE_VOCAB, EOS_ID, MASK_ID, byte_tokenizer
-from cure_core.trace import read_trace
+from cure_core.trace import Trace, read_trace
 from cure_cli.chat_cmd import chat as chat_command
 from cure_cli.inspect_cmd import inspect as inspect_command
 from cure_cli.tui.app_chat import ChatApp, SettingsScreen
@@ -334,6 +334,14 @@ async def test_inspect_navigation(sample, tok):
         assert text.plain.endswith("".join(stream.push(t) for b in sample.blocks[:6] for t in b.emitted))
         assert "block 5 of 22" in plain(app.query_one("#info", Static))
         assert app.query_one(MarginsChart).block is sample.blocks[5]
+
+
+def test_a_trace_names_the_dtype_its_ar_ran_in(sample, tok):
+    """inspect's and a replay's "vs AR" name the dtype the trace's header records; older traces say none."""
+    assert ReplayEngine(sample, tok).ar_dtype is None and InspectApp(sample, tok).ar_dtype is None
+    for dtype, short in (("float32", "f32"), ("int8", "int8")):
+        traced = Trace({**sample.header, "dtype": dtype}, sample.generations, sample.footer)
+        assert ReplayEngine(traced, tok).ar_dtype == short and InspectApp(traced, tok).ar_dtype == short
 
 
 async def test_inspect_without_tokenizer_shows_ids(sample):

@@ -596,7 +596,7 @@ class ChatApp(App):
         from cure_core.trace import TraceWriter
         self._drain()
         writer = TraceWriter(path, models=dict(self.engine.models), config=self.cfg.to_dict(),
-                             extra={"thinking": getattr(self.engine, "thinking", None)})
+                             extra={"thinking": getattr(self.engine, "thinking", None), "dtype": self.engine_ar_dtype})
         try:
             for turn in self.turns:
                 if not turn.blocks:

@@ -128,7 +128,7 @@ class ReplayEngine:
         self.label = "replay of " + (self.models.get("target") or "a trace") + (f" ← {draft}" if draft else "")
         self.delay = delay
         self.calibration_note = "the trace's ar run"
-        self.ar_dtype = None               # a trace does not record the target's dtype
+        self.ar_dtype = trace_dtype(self.trace.header)
         self.thinking = self.trace.header.get("thinking")
         self._next = 0
         self._lock = threading.Lock()
@@ -170,6 +170,12 @@ def short_dtype(dtype) -> str:
     """torch.float32 -> 'f32', torch.bfloat16 -> 'bf16', torch.float16 -> 'f16' (others: torch's name)."""
     name = str(dtype).removeprefix("torch.")
     return {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}.get(name, name)
+
+
+def trace_dtype(header: dict) -> str | None:
+    """The dtype a trace's target ran in ('f32', 'int8'), short; None where the trace does not say (older ones)."""
+    dtype = header.get("dtype")
+    return short_dtype(dtype) if isinstance(dtype, str) and dtype else None
 
 
 def _offline_tokenizer(name: str):
