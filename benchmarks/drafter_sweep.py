@@ -10,16 +10,18 @@ Drafters, each with one tiny random Qwen3 target (float32, 1 thread by default):
 Per drafter, method and budget a fresh engine decodes every prompt in turn (its learners carry over), at
 K = min(16, budget + 1); every output is checked equal to `ar`'s. The chain is `sd` over an AR drafter and
 `parallel` over the block drafter. `--auto` runs `--v-max auto` instead and reports tokens/s too (time it
-alone on a quiet machine). `--real ALIAS` runs the embedded model drafting for itself (AR, float32) on
-held-out HumanEval and chat prompts at K=16, budget 16.
+alone on a quiet machine). `--real ALIAS` runs the embedded model drafting for itself (AR; float32: the exact target, and int8) on
+held-out HumanEval and chat20 prompts (`--prompts` of each) at `--budgets`, K = min(16, budget + 1).
 """
 from __future__ import annotations
 
 import copy
+import math
 import os
 import sys
 import time
 
+import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -56,7 +58,7 @@ def strategy_of(method: str, block: bool) -> tuple[str, dict]:
 
 def run_one(pair: ModelPair, prompts: list[list[int]], refs: list[list[int]], cfg: DecodeConfig, synthetic=None) -> dict:
     engine = Engine(pair)
-    tokens = blocks = 0
+    sizes = []                                   # tokens each block emitted
     t0 = time.perf_counter()
     for prompt, ref in zip(prompts, refs):
         if synthetic is not None:
@@ -64,12 +66,15 @@ def run_one(pair: ModelPair, prompts: list[list[int]], refs: list[list[int]], cf
         out = []
         for b in engine.generate(prompt, cfg):
             out.extend(b.emitted)
-            blocks += 1
+            sizes.append(len(b.emitted))
         if out != ref:
             raise SystemExit(f"LOSSLESS FAILURE: {cfg.strategy} differs from ar on {prompt[:8]}")
-        tokens += len(out)
     seconds = time.perf_counter() - t0
-    return {"tau": tokens / blocks, "tokens": tokens, "blocks": blocks, "tok_s": tokens / seconds}
+    tokens, blocks = sum(sizes), len(sizes)
+    # tau's standard error over blocks (the blocks of one run are not independent draws: a rough guide to
+    # what "within noise" means at this many tokens)
+    se = float(np.std(sizes, ddof=1) / math.sqrt(blocks)) if blocks > 1 else 0.0
+    return {"tau": tokens / blocks, "tau_se": se, "tokens": tokens, "blocks": blocks, "tok_s": tokens / seconds}
 
 
 def tiny_drafters(target: torch.nn.Module) -> dict:
@@ -77,14 +82,50 @@ def tiny_drafters(target: torch.nn.Module) -> dict:
             "copy x0.1": scaled_copy(target, 0.1), "perturbed": perturbed_copy(target, noise=0.3, seed=1)}
 
 
+def references(pair: ModelPair, prompts: list[list[int]], tokens: int) -> list[list[int]]:
+    ar = DecodeConfig.of(strategy="ar", max_new_tokens=tokens, stop_at_eos=False)
+    return [[t for b in Engine(pair).generate(p, ar) for t in b.emitted] for p in prompts]
+
+
+def real_pairs(alias: str, per_set: int) -> tuple[dict[str, ModelPair], list[list[int]], list[str]]:
+    """The embedded float32 model with itself as its AR draft (a second float32 copy: the exact target) and
+    with its int8 copy (--draft-dtype int8: right on most rows), and `per_set` held-out prompts from
+    HumanEval 21.. and chat20, encoded as `cure bench` encodes them."""
+    from cure_core.api import open_pair
+    from cure_core.options import EngineArgs
+    from cure_tasks import load_set, raw_by_default
+    args = EngineArgs(target=alias, draft=alias, drafter="ar", strategy="sd", draft_dtype="float32")
+    exact = open_pair(args, strategies=["sd", "cure", "ddtree"])
+    int8 = open_pair(args.with_(draft_dtype="int8"), strategies=["sd", "cure", "ddtree"], target_of=exact)
+    prompts, names = [], []
+    for spec in ("humaneval@20", os.path.join(os.path.dirname(os.path.abspath(__file__)), "prompts", "chat20.jsonl")):
+        name, task, problems = load_set(spec, per_set)
+        prompts += [exact.encode(p.prompt, chat=not raw_by_default(task)) for p in problems]
+        names += [f"{name}:{i}" for i in range(len(problems))]
+    return {f"{alias} itself (AR)": exact.pair, f"{alias} int8 copy (AR)": int8.pair}, prompts, names
+
+
 def sweep(args) -> dict:
-    target = tiny_target(seed=0)
-    prompts = [list(p.encode()) for p in PROMPTS[: args.prompts]]
-    ar = DecodeConfig.of(strategy="ar", max_new_tokens=args.tokens, stop_at_eos=False)
-    refs = [[t for b in Engine(ModelPair(target=target)).generate(p, ar) for t in b.emitted] for p in prompts]
     budgets = [int(b) for b in args.budgets.split(",")]
     methods = [m for m in METHODS if m in common_list(args.only)]
     rows = []
+    if args.real:
+        pairs, prompts, names = real_pairs(args.real, args.prompts)
+        refs = references(next(iter(pairs.values())), prompts, args.tokens)
+        for name, pair in pairs.items():
+            for budget in budgets:
+                k = min(16, budget + 1)
+                base = DecodeConfig.of(k=k, v_max=budget, max_new_tokens=args.tokens, stop_at_eos=False)
+                row = {"drafter": name, "budget": budget, "k": k}
+                for method in methods:
+                    strategy, extra = strategy_of(method, block=False)
+                    row[method] = run_one(pair, prompts, refs, base.with_(strategy=strategy, **extra))
+                rows.append(finish(row, methods, args.auto))
+        return {"rows": rows, "threads": torch.get_num_threads(), "load": common.load_average(),
+                "tokens": args.tokens, "prompts": names}
+    target = tiny_target(seed=0)
+    prompts = [list(p.encode()) for p in PROMPTS[: args.prompts]]
+    refs = references(ModelPair(target=target), prompts, args.tokens)
     drafters: list[tuple[str, object, bool]] = []
     if "tiny" in args.kinds:
         drafters += [(name, model, False) for name, model in tiny_drafters(target).items()]
@@ -109,18 +150,26 @@ def sweep(args) -> dict:
                 else:
                     pair = build_pair(target, what, drafter="ar", vocab_size=BYTE_VOCAB)[0]   # one AR drafter: every method
                 row[method] = run_one(pair, prompts, refs, cfg, synthetic)
-            best = max(row[m]["tau"] for m in methods if m != "cure") if len(methods) > 1 else None
-            if "cure" in row and best:
-                row["cure_over_best"] = row["cure"]["tau"] / best
-            rows.append(row)
-            print(f"{name:28s} V={row['budget']!s:>4} K={k:2d}  " + "  ".join(
-                f"{m} {row[m]['tau']:.2f}" + (f" ({row[m]['tok_s']:.1f} tok/s)" if args.auto else "")
-                for m in methods) + (f"  cure/best {row['cure_over_best']:.3f}" if "cure_over_best" in row else ""),
-                flush=True)
+            rows.append(finish(row, methods, args.auto))
             if args.auto:
                 break
     return {"rows": rows, "threads": torch.get_num_threads(), "load": common.load_average(),
             "tokens": args.tokens, "prompts": len(prompts)}
+
+
+def finish(row: dict, methods: list[str], auto: bool) -> dict:
+    """cure's tau over the best other method's (and over tok/s at `--v-max auto`), printed as a line."""
+    others = [m for m in methods if m != "cure"]
+    if "cure" in row and others:
+        row["cure_over_best"] = row["cure"]["tau"] / max(row[m]["tau"] for m in others)
+        if auto:
+            row["cure_tok_s_over_best"] = row["cure"]["tok_s"] / max(row[m]["tok_s"] for m in others)
+    print(f"{row['drafter']:28s} V={row['budget']!s:>4} K={row['k']:2d}  " + "  ".join(
+        f"{m} {row[m]['tau']:.2f}±{row[m]['tau_se']:.2f}" + (f" ({row[m]['tok_s']:.1f} tok/s)" if auto else "")
+        for m in methods)
+        + (f"  cure/best {row['cure_over_best']:.3f}" if "cure_over_best" in row else "")
+        + (f", tok/s {row['cure_tok_s_over_best']:.3f}" if "cure_tok_s_over_best" in row else ""), flush=True)
+    return row
 
 
 def common_list(text: str) -> list[str]:
@@ -130,15 +179,19 @@ def common_list(text: str) -> list[str]:
 def main() -> None:
     ap = common.parser(__doc__)
     ap.add_argument("--budgets", default="8,16,32", help="fixed node budgets")
-    ap.add_argument("--tokens", type=int, default=96, help="tokens per prompt")
-    ap.add_argument("--prompts", type=int, default=6, help="held-out prompts (at most 6)")
+    ap.add_argument("--tokens", type=int, default=480, help="tokens per prompt")
+    ap.add_argument("--prompts", type=int, default=6, help="held-out prompts (at most 6; with --real: per set)")
     ap.add_argument("--only", default=",".join(METHODS), help="methods: " + ",".join(METHODS))
     ap.add_argument("--kinds", default="tiny,synthetic", help="drafters: tiny (copies, perturbed), synthetic")
     ap.add_argument("--auto", action="store_true", help="--v-max auto (tokens/s; time it alone)")
+    ap.add_argument("--real", metavar="ALIAS", help="instead: this embedded model drafting for itself (AR; "
+                    "float32 and int8), --prompts held-out HumanEval and chat20 prompts each, at --budgets")
     common.add_threads(ap, default=1)
     common.add_json(ap)
     args = common.check(ap, ap.parse_args())
-    if not 1 <= args.prompts <= len(PROMPTS):
+    if args.real and args.auto:
+        ap.error("--real runs fixed budgets; leave out --auto")
+    if args.prompts < 1 or (not args.real and args.prompts > len(PROMPTS)):
         ap.error(f"--prompts must lie in [1, {len(PROMPTS)}]")
     if args.tokens < 1:
         ap.error("--tokens must be >= 1")
