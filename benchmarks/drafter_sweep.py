@@ -9,9 +9,11 @@ Drafters, each with one tiny random Qwen3 target (float32, 1 thread by default):
                         tau of TAU at K=16, reporting c x its log-probs (c < 1 under-, > 1 over-confident)
 Per drafter, method and budget a fresh engine decodes every prompt in turn (its learners carry over), at
 K = min(16, budget + 1); every output is checked equal to `ar`'s. The chain is `sd` over an AR drafter and
-`parallel` over the block drafter. `--auto` runs `--v-max auto` instead and reports tokens/s too (time it
-alone on a quiet machine). `--real ALIAS` runs the embedded model drafting for itself (AR; float32: the exact target, and int8) on
-held-out HumanEval and chat20 prompts (`--prompts` of each) at `--budgets`, K = min(16, budget + 1).
+`parallel` over the block drafter. `--auto` runs `--v-max auto` at K = 16 instead and reports tokens/s too, and
+`ar`'s (time it alone on a quiet machine). `--target ALIAS [--dtype int8]` runs the SYNTHETIC drafters over that
+embedded model instead of the tiny target (a real model's cost per forward: what tokens/s at auto needs), on
+`--prompts` held-out HumanEval and chat20 prompts each. `--real ALIAS` runs the embedded model drafting for
+itself (AR; float32: the exact target, and int8) on the same held-out prompts at `--budgets`.
 """
 from __future__ import annotations
 
@@ -87,21 +89,34 @@ def references(pair: ModelPair, prompts: list[list[int]], tokens: int) -> list[l
     return [[t for b in Engine(pair).generate(p, ar) for t in b.emitted] for p in prompts]
 
 
+def held_out(loaded, per_set: int) -> tuple[list[list[int]], list[str]]:
+    """`per_set` held-out prompts from HumanEval 21.. and chat20, encoded as `cure bench` encodes them."""
+    from cure_tasks import load_set, raw_by_default
+    prompts, names = [], []
+    for spec in ("humaneval@20", os.path.join(os.path.dirname(os.path.abspath(__file__)), "prompts", "chat20.jsonl")):
+        name, task, problems = load_set(spec, per_set)
+        prompts += [loaded.encode(p.prompt, chat=not raw_by_default(task)) for p in problems]
+        names += [f"{name}:{i}" for i in range(len(problems))]
+    return prompts, names
+
+
+def real_target(alias: str, dtype: str):
+    """The embedded model alone (float32 or int8), opened as `cure generate` opens it."""
+    from cure_core.api import open_pair
+    from cure_core.options import EngineArgs
+    return open_pair(EngineArgs(target=alias, strategy="ar", dtype=dtype), strategies=["ar"])
+
+
 def real_pairs(alias: str, per_set: int) -> tuple[dict[str, ModelPair], list[list[int]], list[str]]:
     """The embedded float32 model with itself as its AR draft (a second float32 copy: the exact target) and
     with its int8 copy (--draft-dtype int8: right on most rows), and `per_set` held-out prompts from
     HumanEval 21.. and chat20, encoded as `cure bench` encodes them."""
     from cure_core.api import open_pair
     from cure_core.options import EngineArgs
-    from cure_tasks import load_set, raw_by_default
     args = EngineArgs(target=alias, draft=alias, drafter="ar", strategy="sd", draft_dtype="float32")
     exact = open_pair(args, strategies=["sd", "cure", "ddtree"])
     int8 = open_pair(args.with_(draft_dtype="int8"), strategies=["sd", "cure", "ddtree"], target_of=exact)
-    prompts, names = [], []
-    for spec in ("humaneval@20", os.path.join(os.path.dirname(os.path.abspath(__file__)), "prompts", "chat20.jsonl")):
-        name, task, problems = load_set(spec, per_set)
-        prompts += [exact.encode(p.prompt, chat=not raw_by_default(task)) for p in problems]
-        names += [f"{name}:{i}" for i in range(len(problems))]
+    prompts, names = held_out(exact, per_set)
     return {f"{alias} itself (AR)": exact.pair, f"{alias} int8 copy (AR)": int8.pair}, prompts, names
 
 
@@ -123,9 +138,16 @@ def sweep(args) -> dict:
                 rows.append(finish(row, methods, args.auto))
         return {"rows": rows, "threads": torch.get_num_threads(), "load": common.load_average(),
                 "tokens": args.tokens, "prompts": names}
-    target = tiny_target(seed=0)
-    prompts = [list(p.encode()) for p in PROMPTS[: args.prompts]]
-    refs = references(ModelPair(target=target), prompts, args.tokens)
+    if args.target:
+        # the SYNTHETIC drafters over a real target: its cost per forward is a real model's (tokens/s at auto)
+        loaded = real_target(args.target, args.dtype)
+        target, vocab, eos = loaded.pair.target, loaded.pair.target.config.vocab_size, loaded.pair.eos_ids
+        prompts, names = held_out(loaded, args.prompts)
+    else:
+        target, vocab, eos = tiny_target(seed=0), BYTE_VOCAB, ()
+        prompts = [list(p.encode()) for p in PROMPTS[: args.prompts]]
+        names = len(prompts)
+    refs = references(ModelPair(target=target, eos_ids=eos), prompts, args.tokens)
     drafters: list[tuple[str, object, bool]] = []
     if "tiny" in args.kinds:
         drafters += [(name, model, False) for name, model in tiny_drafters(target).items()]
@@ -133,28 +155,32 @@ def sweep(args) -> dict:
         for tau in (2.0, 4.0, 7.0):
             for c in (0.5, 2.0):
                 drafters.append((f"SYNTHETIC tau {tau:g} c {c:g}", Profile(profile_for_tau(tau, 16), confidence=c), True))
+    ar_tok_s = None
+    if args.auto:                       # what drafting is measured against: the target alone
+        ar_cfg = DecodeConfig.of(strategy="ar", max_new_tokens=args.tokens, stop_at_eos=False)
+        ar_tok_s = run_one(ModelPair(target=target, eos_ids=eos), prompts, refs, ar_cfg)["tok_s"]
     for name, what, block in drafters:
-        for budget in budgets:
-            k = min(16, budget + 1)
-            base = DecodeConfig.of(k=k, v_max=budget, max_new_tokens=args.tokens, stop_at_eos=False)
-            if args.auto:
-                base = DecodeConfig.from_user(k=k, v_max="auto", max_new_tokens=args.tokens, stop_at_eos=False)
-            row = {"drafter": name, "budget": "auto" if args.auto else budget, "k": k}
+        # at auto the tuner picks each block's budget under the paper's K = 16
+        for budget in (["auto"] if args.auto else budgets):
+            k = 16 if args.auto else min(16, budget + 1)
+            base = (DecodeConfig.from_user(k=k, v_max="auto", max_new_tokens=args.tokens, stop_at_eos=False) if args.auto
+                    else DecodeConfig.of(k=k, v_max=budget, max_new_tokens=args.tokens, stop_at_eos=False))
+            row = {"drafter": name, "budget": budget, "k": k}
+            if ar_tok_s is not None:
+                row["ar_tok_s"] = ar_tok_s
             for method in methods:
                 strategy, extra = strategy_of(method, block)
                 cfg = base.with_(strategy=strategy, **extra)
                 synthetic = None
                 if block:
-                    synthetic = SyntheticDrafter(what, BYTE_VOCAB, 16)
-                    pair = ModelPair(target=target, drafter=synthetic)
+                    synthetic = SyntheticDrafter(what, vocab, 16)
+                    pair = ModelPair(target=target, drafter=synthetic, eos_ids=eos)
                 else:
-                    pair = build_pair(target, what, drafter="ar", vocab_size=BYTE_VOCAB)[0]   # one AR drafter: every method
+                    pair = build_pair(target, what, drafter="ar", vocab_size=vocab)[0]   # one AR drafter: every method
                 row[method] = run_one(pair, prompts, refs, cfg, synthetic)
             rows.append(finish(row, methods, args.auto))
-            if args.auto:
-                break
     return {"rows": rows, "threads": torch.get_num_threads(), "load": common.load_average(),
-            "tokens": args.tokens, "prompts": len(prompts)}
+            "tokens": args.tokens, "prompts": names, "target": args.target or "tiny", "dtype": args.dtype}
 
 
 def finish(row: dict, methods: list[str], auto: bool) -> dict:
@@ -164,7 +190,8 @@ def finish(row: dict, methods: list[str], auto: bool) -> dict:
         row["cure_over_best"] = row["cure"]["tau"] / max(row[m]["tau"] for m in others)
         if auto:
             row["cure_tok_s_over_best"] = row["cure"]["tok_s"] / max(row[m]["tok_s"] for m in others)
-    print(f"{row['drafter']:28s} V={row['budget']!s:>4} K={row['k']:2d}  " + "  ".join(
+    print(f"{row['drafter']:28s} V={row['budget']!s:>4} K={row['k']:2d}  "
+          + (f"ar ({row['ar_tok_s']:.1f} tok/s)  " if "ar_tok_s" in row else "") + "  ".join(
         f"{m} {row[m]['tau']:.2f}±{row[m]['tau_se']:.2f}" + (f" ({row[m]['tok_s']:.1f} tok/s)" if auto else "")
         for m in methods)
         + (f"  cure/best {row['cure_over_best']:.3f}" if "cure_over_best" in row else "")
@@ -176,7 +203,7 @@ def common_list(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     ap = common.parser(__doc__)
     ap.add_argument("--budgets", default="8,16,32", help="fixed node budgets")
     ap.add_argument("--tokens", type=int, default=480, help="tokens per prompt")
@@ -184,19 +211,26 @@ def main() -> None:
     ap.add_argument("--only", default=",".join(METHODS), help="methods: " + ",".join(METHODS))
     ap.add_argument("--kinds", default="tiny,synthetic", help="drafters: tiny (copies, perturbed), synthetic")
     ap.add_argument("--auto", action="store_true", help="--v-max auto (tokens/s; time it alone)")
+    ap.add_argument("--target", metavar="ALIAS", help="the SYNTHETIC drafters over this embedded model instead of "
+                    "the tiny target (--kinds synthetic), on --prompts held-out HumanEval and chat20 prompts each")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "int8"), help="--target's dtype")
     ap.add_argument("--real", metavar="ALIAS", help="instead: this embedded model drafting for itself (AR; "
                     "float32 and int8), --prompts held-out HumanEval and chat20 prompts each, at --budgets")
     common.add_threads(ap, default=1)
     common.add_json(ap)
-    args = common.check(ap, ap.parse_args())
-    if args.real and args.auto:
-        ap.error("--real runs fixed budgets; leave out --auto")
+    args = common.check(ap, ap.parse_args(argv))
+    if args.real and (args.auto or args.target):
+        ap.error("--real runs its own pairs at fixed budgets; leave out --auto and --target")
+    if args.target and "tiny" in common_list(args.kinds):
+        ap.error("--target runs the SYNTHETIC drafters only: add --kinds synthetic")
     if args.prompts < 1 or (not args.real and args.prompts > len(PROMPTS)):
         ap.error(f"--prompts must lie in [1, {len(PROMPTS)}]")
     if args.tokens < 1:
         ap.error("--tokens must be >= 1")
     common.set_threads(args.threads)
-    common.write_json(args.json, sweep(args))
+    report = sweep(args)
+    common.write_json(args.json, report)
+    return report
 
 
 if __name__ == "__main__":
