@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from .block import Block
-from .cpu_kernels import MIN_ROWS, is_packed
+from .cpu_kernels import MIN_ROWS, is_packed, run_dtype
 from .lm import CachedLM, padded_size
 from .progress import phase
 from .redraft_price import RedraftPrice
@@ -75,12 +75,14 @@ class CostCurve:
 
 
 def _model_key(model, ctx_len: int, kv: str = "dynamic", compile: bool = False) -> str:
-    p = next(model.parameters())
+    device = next(model.parameters()).device
     name = getattr(model.config, "_name_or_path", "") or model.config.model_type
     n = sum(x.numel() for x in model.parameters())
     kernels = f"packed{MIN_ROWS}" if is_packed(model) else "eager"   # the row padding changes the curve's low end
     path = f"{kv}-compiled" if compile else kv                      # CUDA graphs flatten a GPU's curve 4x
-    return (f"{name}|{n}|{p.device}|{p.dtype}|ctx{ctx_len}|torch{torch.__version__}|threads{torch.get_num_threads()}"
+    # Rule: the dtype its matmuls run in (run_dtype), not its parameters': an int8 target's parameters are the
+    # float32 ones its linears did not take, as a float32 target's under packed kernels are
+    return (f"{name}|{n}|{device}|{run_dtype(model)}|ctx{ctx_len}|torch{torch.__version__}|threads{torch.get_num_threads()}"
             f"|{kernels}|{path}|rounds")                                 # rounds: measured in interleaved rounds
 
 

@@ -32,6 +32,20 @@ def test_the_cache_key_names_the_method():
     assert budget._model_key(tiny_target(seed=0), 128).endswith("|rounds")
 
 
+def test_an_int8_target_and_its_float32_twin_have_their_own_curves():
+    """An int8 target's parameters are the float32 ones its linears did not take (the same count as a float32
+    target's under packed kernels), so the key names the dtype its matmuls run in: each has its own curve."""
+    import copy
+
+    from cure_core.cpu_kernels import int8_target
+    from cure_core.tiny import tiny_target
+    f32 = tiny_target(seed=0)
+    q = copy.deepcopy(f32)
+    int8_target(q)
+    k32, k8 = budget._model_key(f32, 128), budget._model_key(q, 128)
+    assert k32 != k8 and "|float32|" in k32 and "|int8|" in k8
+
+
 def test_a_curve_cached_without_the_small_sizes_is_measured_again(target, monkeypatch, private_cost_curves):
     """A curve cached when SIZES skipped 3, 5, 6 and 7 would price 5 nodes by interpolating between 4 and 8,
     across the step CPU kernels take at 7 rows; it is measured again, and a full one is reused."""
