@@ -32,6 +32,7 @@ from synthetic_drafter import Profile, SyntheticDrafter, profile_for_tau  # noqa
 
 from cure_core.config import DecodeConfig  # noqa: E402
 from cure_core.engine import Engine, ModelPair  # noqa: E402
+from cure_core.options import EngineArgs  # noqa: E402
 from cure_core.models import build_pair  # noqa: E402
 from cure_core.tiny import BYTE_VOCAB, perturbed_copy, tiny_target  # noqa: E402
 
@@ -103,7 +104,6 @@ def held_out(loaded, per_set: int) -> tuple[list[list[int]], list[str]]:
 def real_target(alias: str, dtype: str):
     """The embedded model alone (float32 or int8), opened as `cure generate` opens it."""
     from cure_core.api import open_pair
-    from cure_core.options import EngineArgs
     return open_pair(EngineArgs(target=alias, strategy="ar", dtype=dtype), strategies=["ar"])
 
 
@@ -112,7 +112,6 @@ def real_pairs(alias: str, per_set: int) -> tuple[dict[str, ModelPair], list[lis
     with its int8 copy (--draft-dtype int8: right on most rows), and `per_set` held-out prompts from
     HumanEval 21.. and chat20, encoded as `cure bench` encodes them."""
     from cure_core.api import open_pair
-    from cure_core.options import EngineArgs
     args = EngineArgs(target=alias, draft=alias, drafter="ar", strategy="sd", draft_dtype="float32")
     exact = open_pair(args, strategies=["sd", "cure", "ddtree"])
     int8 = open_pair(args.with_(draft_dtype="int8"), strategies=["sd", "cure", "ddtree"], target_of=exact)
@@ -211,9 +210,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--only", default=",".join(METHODS), help="methods: " + ",".join(METHODS))
     ap.add_argument("--kinds", default="tiny,synthetic", help="drafters: tiny (copies, perturbed), synthetic")
     ap.add_argument("--auto", action="store_true", help="--v-max auto (tokens/s; time it alone)")
-    ap.add_argument("--target", metavar="ALIAS", help="the SYNTHETIC drafters over this embedded model instead of "
-                    "the tiny target (--kinds synthetic), on --prompts held-out HumanEval and chat20 prompts each")
-    ap.add_argument("--dtype", default="float32", choices=("float32", "int8"), help="--target's dtype")
+    # --target (the SYNTHETIC drafters over it instead of the tiny target) and its --dtype: EngineArgs' flags
+    EngineArgs.add_cli_args(ap, only=("target", "dtype"))
     ap.add_argument("--real", metavar="ALIAS", help="instead: this embedded model drafting for itself (AR; "
                     "float32 and int8), --prompts held-out HumanEval and chat20 prompts each, at --budgets")
     common.add_threads(ap, default=1)
