@@ -9,11 +9,12 @@ Drafters, each with one tiny random Qwen3 target (float32, 1 thread by default):
                         tau of TAU at K=16, reporting c x its log-probs (c < 1 under-, > 1 over-confident)
 Per drafter, method and budget a fresh engine decodes every prompt in turn (its learners carry over), at
 K = min(16, budget + 1); every output is checked equal to `ar`'s. The chain is `sd` over an AR drafter and
-`parallel` over the block drafter. `--auto` runs `--v-max auto` at K = 16 instead and reports tokens/s too, and
-`ar`'s (time it alone on a quiet machine). `--target ALIAS [--dtype int8]` runs the SYNTHETIC drafters over that
-embedded model instead of the tiny target (a real model's cost per forward: what tokens/s at auto needs), on
-`--prompts` held-out HumanEval and chat20 prompts each. `--real ALIAS` runs the embedded model drafting for
-itself (AR; float32: the exact target, and int8) on the same held-out prompts at `--budgets`.
+`parallel` over the block drafter. `--auto` runs `--v-max auto` at K = 16 instead and reports decode
+tokens/s too (prefill excluded), and `ar`'s (time it alone on a quiet machine). `--target ALIAS [--dtype int8]`
+runs the SYNTHETIC drafters over that embedded model instead of the tiny target (a real model's cost per
+forward: what tokens/s at auto needs), on `--prompts` held-out HumanEval and chat20 prompts each. `--real ALIAS`
+runs the embedded model drafting for itself (AR; float32: the exact target, and int8) on the same held-out
+prompts at `--budgets`.
 """
 from __future__ import annotations
 
@@ -21,7 +22,6 @@ import copy
 import math
 import os
 import sys
-import time
 
 import numpy as np
 import torch
@@ -62,7 +62,7 @@ def strategy_of(method: str, block: bool) -> tuple[str, dict]:
 def run_one(pair: ModelPair, prompts: list[list[int]], refs: list[list[int]], cfg: DecodeConfig, synthetic=None) -> dict:
     engine = Engine(pair)
     sizes = []                                   # tokens each block emitted
-    t0 = time.perf_counter()
+    decode_ms = 0.0                              # the blocks' own time (prefill excluded, as bench and peers.py)
     for prompt, ref in zip(prompts, refs):
         if synthetic is not None:
             synthetic.expect(prompt + ref)
@@ -70,14 +70,14 @@ def run_one(pair: ModelPair, prompts: list[list[int]], refs: list[list[int]], cf
         for b in engine.generate(prompt, cfg):
             out.extend(b.emitted)
             sizes.append(len(b.emitted))
+            decode_ms += b.timings.total_ms
         if out != ref:
             raise SystemExit(f"LOSSLESS FAILURE: {cfg.strategy} differs from ar on {prompt[:8]}")
-    seconds = time.perf_counter() - t0
     tokens, blocks = sum(sizes), len(sizes)
     # tau's standard error over blocks (the blocks of one run are not independent draws: a rough guide to
     # what "within noise" means at this many tokens)
     se = float(np.std(sizes, ddof=1) / math.sqrt(blocks)) if blocks > 1 else 0.0
-    return {"tau": tokens / blocks, "tau_se": se, "tokens": tokens, "blocks": blocks, "tok_s": tokens / seconds}
+    return {"tau": tokens / blocks, "tau_se": se, "tokens": tokens, "blocks": blocks, "tok_s": 1e3 * tokens / decode_ms}
 
 
 def tiny_drafters(target: torch.nn.Module) -> dict:
