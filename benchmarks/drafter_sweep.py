@@ -31,7 +31,7 @@ import common  # noqa: E402
 from synthetic_drafter import Profile, SyntheticDrafter, profile_for_tau  # noqa: E402
 
 from cure_core.config import DecodeConfig  # noqa: E402
-from cure_core.engine import Engine, ModelPair  # noqa: E402
+from cure_core.engine import Engine, ModelPair, generate_ids  # noqa: E402
 from cure_core.options import EngineArgs  # noqa: E402
 from cure_core.models import build_pair  # noqa: E402
 from cure_core.tiny import BYTE_VOCAB, perturbed_copy, tiny_target  # noqa: E402
@@ -87,7 +87,7 @@ def tiny_drafters(target: torch.nn.Module) -> dict:
 
 def references(pair: ModelPair, prompts: list[list[int]], tokens: int) -> list[list[int]]:
     ar = DecodeConfig.of(strategy="ar", max_new_tokens=tokens, stop_at_eos=False)
-    return [[t for b in Engine(pair).generate(p, ar) for t in b.emitted] for p in prompts]
+    return [generate_ids(pair, ar, p) for p in prompts]
 
 
 def held_out(loaded, per_set: int) -> tuple[list[list[int]], list[str]]:
