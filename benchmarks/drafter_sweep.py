@@ -127,14 +127,7 @@ def sweep(args) -> dict:
         pairs, prompts, names = real_pairs(args.real, args.prompts)
         refs = references(next(iter(pairs.values())), prompts, args.tokens)
         for name, pair in pairs.items():
-            for budget in budgets:
-                k = min(16, budget + 1)
-                base = DecodeConfig.of(k=k, v_max=budget, max_new_tokens=args.tokens, stop_at_eos=False)
-                row = {"drafter": name, "budget": budget, "k": k}
-                for method in methods:
-                    strategy, extra = strategy_of(method, block=False)
-                    row[method] = run_one(pair, prompts, refs, base.with_(strategy=strategy, **extra))
-                rows.append(finish(row, methods, args.auto))
+            rows += budget_rows(name, lambda pair=pair: (pair, None), False, budgets, methods, prompts, refs, args)
         return {"rows": rows, "threads": torch.get_num_threads(), "load": common.load_average(),
                 "tokens": args.tokens, "prompts": names}
     if args.target:
@@ -159,27 +152,36 @@ def sweep(args) -> dict:
         ar_cfg = DecodeConfig.of(strategy="ar", max_new_tokens=args.tokens, stop_at_eos=False)
         ar_tok_s = run_one(ModelPair(target=target, eos_ids=eos), prompts, refs, ar_cfg)["tok_s"]
     for name, what, block in drafters:
-        # at auto the tuner picks each block's budget under the paper's K = 16
-        for budget in (["auto"] if args.auto else budgets):
-            k = 16 if args.auto else min(16, budget + 1)
-            base = (DecodeConfig.from_user(k=k, v_max="auto", max_new_tokens=args.tokens, stop_at_eos=False) if args.auto
-                    else DecodeConfig.of(k=k, v_max=budget, max_new_tokens=args.tokens, stop_at_eos=False))
-            row = {"drafter": name, "budget": budget, "k": k}
-            if ar_tok_s is not None:
-                row["ar_tok_s"] = ar_tok_s
-            for method in methods:
-                strategy, extra = strategy_of(method, block)
-                cfg = base.with_(strategy=strategy, **extra)
-                synthetic = None
-                if block:
-                    synthetic = SyntheticDrafter(what, vocab, 16)
-                    pair = ModelPair(target=target, drafter=synthetic, eos_ids=eos)
-                else:
-                    pair = build_pair(target, what, drafter="ar", vocab_size=vocab)[0]   # one AR drafter: every method
-                row[method] = run_one(pair, prompts, refs, cfg, synthetic)
-            rows.append(finish(row, methods, args.auto))
+        if block:
+            def make(what=what):
+                synthetic = SyntheticDrafter(what, vocab, 16)
+                return ModelPair(target=target, drafter=synthetic, eos_ids=eos), synthetic
+        else:                                                     # one AR drafter: every method
+            def make(what=what):
+                return build_pair(target, what, drafter="ar", vocab_size=vocab)[0], None
+        rows += budget_rows(name, make, block, budgets, methods, prompts, refs, args, ar_tok_s)
     return {"rows": rows, "threads": torch.get_num_threads(), "load": common.load_average(),
             "tokens": args.tokens, "prompts": names, "target": args.target or "tiny", "dtype": args.dtype}
+
+
+def budget_rows(name: str, make, block: bool, budgets: list[int], methods: list[str], prompts: list[list[int]],
+                refs: list[list[int]], args, ar_tok_s: float | None = None) -> list[dict]:
+    """One drafter's rows: per budget (or `--v-max auto` at K = 16), every method run on a fresh pair from
+    `make() -> (ModelPair, SyntheticDrafter or None)`."""
+    rows = []
+    for budget in (["auto"] if args.auto else budgets):
+        k = 16 if args.auto else min(16, budget + 1)
+        base = (DecodeConfig.from_user(k=k, v_max="auto", max_new_tokens=args.tokens, stop_at_eos=False) if args.auto
+                else DecodeConfig.of(k=k, v_max=budget, max_new_tokens=args.tokens, stop_at_eos=False))
+        row = {"drafter": name, "budget": budget, "k": k}
+        if ar_tok_s is not None:
+            row["ar_tok_s"] = ar_tok_s
+        for method in methods:
+            strategy, extra = strategy_of(method, block)
+            pair, synthetic = make()
+            row[method] = run_one(pair, prompts, refs, base.with_(strategy=strategy, **extra), synthetic)
+        rows.append(finish(row, methods, args.auto))
+    return rows
 
 
 def finish(row: dict, methods: list[str], auto: bool) -> dict:

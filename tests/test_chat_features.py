@@ -170,6 +170,7 @@ async def test_a_chat_is_saved_as_it_goes_resumed_and_exported(tiny_engine, tmp_
     assert saved.settings["strategy"] == "cure" and saved.to_dict()["trace"] == str(saved.trace_path)
     trace = read_trace(saved.trace_path)
     assert [g.prompt for g in trace.generations] == ["first question", "second question"]
+    assert trace.header["dtype"] == "float32"                              # as bench's traces spell it
     assert not list(store.glob(".*part"))                                  # no temporary file left
     exported = (tmp_path / f"cure-chat-{session_id}.md").read_text()
     assert exported == to_markdown(saved)

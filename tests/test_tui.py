@@ -32,7 +32,7 @@ from cure_cli.tui.engine_protocol import ChatEngine, ModelEngine, ReplayEngine
 from cure_cli.tui.messages import BlocksReady
 from cure_cli.tui.tokens import TokenText
 from cure_cli.tui.widgets import (HelpScreen, JumpScreen, MarginsChart, RepairTree, StatsPanel, render_margins,
-                                  render_tree)
+                                  render_tree, stats_view)
 
 SAMPLE = Path(__file__).parent / "data" / "sample_trace.jsonl"
 REPAIR_WINS = [8, 10, 12, 15]
@@ -341,7 +341,9 @@ def test_a_trace_names_the_dtype_its_ar_ran_in(sample, tok):
     assert ReplayEngine(sample, tok).ar_dtype is None and InspectApp(sample, tok).ar_dtype is None
     for dtype, short in (("float32", "f32"), ("int8", "int8")):
         traced = Trace({**sample.header, "dtype": dtype}, sample.generations, sample.footer)
-        assert ReplayEngine(traced, tok).ar_dtype == short and InspectApp(traced, tok).ar_dtype == short
+        assert ReplayEngine(traced, tok).ar_dtype == dtype and InspectApp(traced, tok).ar_dtype == dtype
+        view = stats_view(traced.generations[0].blocks, None, [], 10.0, ar_dtype=dtype)
+        assert f"vs AR {short}" in [label for label, _ in view.items]
 
 
 async def test_inspect_without_tokenizer_shows_ids(sample):

@@ -30,7 +30,7 @@ class ChatEngine(Protocol):
     models: dict          # trace header "models" (target/draft names)
     tokens: TokenText     # token ids -> readable text (the target's tokenizer, or ids)
     calibration_note: str  # where calibrate()'s AR baseline comes from, for the Stats panel
-    ar_dtype: str | None   # the dtype that AR runs in ("f32"), named in the "vs AR" label; None: unknown
+    ar_dtype: str | None   # the dtype AR runs in ("float32", "int8"; as traces record it), named in "vs AR"; None: unknown
     thinking: bool | None  # the chat template's enable_thinking choice (None: its default), saved with chats
 
     def encode(self, messages: Sequence[Message]) -> list[int]:
@@ -70,7 +70,7 @@ class ModelEngine:
         self.label = label
         self.calibration_prompt = calibration_prompt
         self.calibration_note = "measured after the last answer"
-        self.ar_dtype = short_dtype(run_dtype(self.pair.target))
+        self.ar_dtype = run_dtype(self.pair.target)
         self._ar_engine: Engine | None = None      # calibrate()'s own: the chat's keeps its cached prefix
         self.thinking = getattr(loaded, "thinking", None)
         self._lock = threading.Lock()   # one generation at a time: drafters keep state
@@ -166,16 +166,10 @@ class ReplayEngine:
         return (summarize(ar).tokens_per_s or None) if ar else None
 
 
-def short_dtype(dtype) -> str:
-    """torch.float32 -> 'f32', torch.bfloat16 -> 'bf16', torch.float16 -> 'f16' (others: torch's name)."""
-    name = str(dtype).removeprefix("torch.")
-    return {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}.get(name, name)
-
-
 def trace_dtype(header: dict) -> str | None:
-    """The dtype a trace's target ran in ('f32', 'int8'), short; None where the trace does not say (older ones)."""
+    """The dtype a trace's target ran in ('float32', 'int8'); None where the trace does not say (older ones)."""
     dtype = header.get("dtype")
-    return short_dtype(dtype) if isinstance(dtype, str) and dtype else None
+    return dtype if isinstance(dtype, str) and dtype else None
 
 
 def _offline_tokenizer(name: str):

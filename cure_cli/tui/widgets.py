@@ -435,12 +435,19 @@ def fmt_rate(x: float) -> str:
     return f"{x:.1f}" if x < 1000 else f"{x:,.0f}"
 
 
+def short_dtype(dtype: str) -> str:
+    """'float32' -> 'f32', 'bfloat16' -> 'bf16', 'float16' -> 'f16' (others, e.g. 'int8', as they are)."""
+    name = str(dtype).removeprefix("torch.")
+    return {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}.get(name, name)
+
+
 def stats_view(blocks: Sequence[Block], latest: Block | None, session: Sequence[Block], ar_tps: float | None,
                ar_note: str = "", highlight: int | None = None, spark: Sequence[Block] | None = None,
                ar_dtype: str | None = None) -> StatsView:
     """`blocks`: the answer (or generation prefix) whose speed is shown; `session`: blocks for the
     running means; `spark`: blocks for the sparkline (default: `session`); `latest`: the block whose
-    tau is 'latest'; `ar_dtype`: the dtype the AR reference ran in ('f32'), named in the speedup's label."""
+    tau is 'latest'; `ar_dtype`: the dtype the AR reference ran in ('float32'), named short in the speedup's label."""
+    ar_dtype = short_dtype(ar_dtype) if ar_dtype else None
     s = summarize(blocks) if blocks else None
     mean = summarize(session) if session else None
     speed = f"{s.tokens_per_s / ar_tps:.2f}x" if ar_tps and s and s.tokens_per_s else "-"
