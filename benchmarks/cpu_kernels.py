@@ -2,6 +2,7 @@
 
     python benchmarks/cpu_kernels.py --target qwen-coder-0.5b --threads 2 --json benchmarks/results/cpu_kernels_qwen05b.json
     python benchmarks/cpu_kernels.py --tiny                          # smoke run (the test does this)
+    python benchmarks/cpu_kernels.py --dtypes float32,bfloat16,int8 --sizes 1,2,4,8,16,32,48,64 --json F
 
 For each node count N in --sizes: one target forward over [root + (N-1) chain nodes] on a
 --ctx-token context through cure's CachedLM, the eager model and a packed copy (cure_core/
@@ -68,9 +69,14 @@ def main(argv=None) -> dict:
     ap = common.timing_parser(__doc__)
     ap.add_argument("--sizes", default="1,2,4,8,16,32", help="node counts (root included); the first is the base")
     ap.add_argument("--ctx", type=int, default=256, help="context tokens before the tree")
+    ap.add_argument("--dtypes", default=None, metavar="D1,D2,...", help=(
+        "instead of eager against packed float32: the target as the engine loads it (load_pair, packed) in each "
+        "of these dtypes, e.g. float32,bfloat16,int8"))
     args = common.check(ap, ap.parse_args(argv))
     common.set_threads(args.threads)
     sizes = sorted({int(s) for s in args.sizes.split(",")})
+    if args.dtypes:
+        return by_dtype(args, sizes)
     if args.tiny:
         from cure_core.tiny import tiny_target
         eager, name = tiny_target(seed=0), "tiny"
@@ -97,6 +103,36 @@ def main(argv=None) -> dict:
         k = str(n)
         print(f"{n:>6} {c['eager']['ms'][k]:>10.1f} {c['eager']['x_one_token'][k]:>6.2f} "
               f"{c['packed']['ms'][k]:>10.1f} {c['packed']['x_one_token'][k]:>6.2f} {result['packed_speedup'][k]:>12.2f}x")
+    return common.write_json(args.json, result, indent=1)
+
+
+def by_dtype(args, sizes: list[int]) -> dict:
+    """The cost curve of the target in each of --dtypes, loaded as the engine loads it, timed in alternation."""
+    from cure_core.cpu_kernels import cpu_info
+    from cure_core.models import load_pair
+    dtypes = [d for d in args.dtypes.split(",") if d]
+    if args.tiny:
+        import tempfile
+        from cure_core.tiny import byte_tokenizer, tiny_target
+        name = tempfile.mkdtemp(prefix="cure-kernels-")
+        tiny_target(seed=0).save_pretrained(name)
+        byte_tokenizer().save_pretrained(name)
+    else:
+        name = args.target or DEFAULT_TARGET
+    models = {d: load_pair(name, dtype=d, kernels="packed").pair.target for d in dtypes}
+    result = {
+        "schema": "cure.cpu_kernels/2", "target": "tiny" if args.tiny else name, "ctx": args.ctx, "reps": args.reps,
+        "sizes": sizes, "dtypes": dtypes,
+        "environment": {"torch": torch.__version__, "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
+                        "platform": platform.platform(), **cpu_info(), "load_average_start": common.load_average()},
+        "curves": measure(models, sizes, args.ctx, args.reps),
+    }
+    result["environment"]["load_average_end"] = common.load_average()
+    c = result["curves"]
+    print(f"{'nodes':>6} " + " ".join(f"{d + ' ms':>14} {'x1':>5}" for d in dtypes))
+    for n in sizes:
+        k = str(n)
+        print(f"{n:>6} " + " ".join(f"{c[d]['ms'][k]:>14.1f} {c[d]['x_one_token'][k]:>5.2f}" for d in dtypes))
     return common.write_json(args.json, result, indent=1)
 
 

@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 import peers  # noqa: E402
 from cure_core.errors import CureError  # noqa: E402
-from cure_core.options import parse_list  # noqa: E402
+from cure_core.options import EngineArgs, parse_list  # noqa: E402
 
 SCHEMA = "cure.llamacpp/1"
 BIN_ENV = "LLAMACPP_BIN"
@@ -343,7 +343,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     threads, why = peers.choose_threads(args.threads)
     torch.set_num_threads(threads)
     console.print(f"threads: {threads} ({why}), for cure and llama.cpp alike")
-    env = peers.environment(threads, why, args.device, args.dtype)
+    env = peers.environment(threads, why, args.device, EngineArgs.from_cli_args(args).target_dtype())
 
     t_load = time.perf_counter()
     setup = peers.load_setup(args)

@@ -658,7 +658,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     threads, why = choose_threads(args.threads)
     torch.set_num_threads(threads)
     console.print(f"threads: {threads} ({why})")
-    env = environment(threads, why, args.device, args.dtype)
+    env = environment(threads, why, args.device, EngineArgs.from_cli_args(args).target_dtype())
 
     t_load = time.perf_counter()
     setup = load_setup(args)

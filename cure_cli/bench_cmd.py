@@ -16,14 +16,14 @@ import platform
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.console import Console, Group
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from cure_core.cpu_kernels import cpu_info, run_dtype
+from cure_core.cpu_kernels import cpu_info, rows_exact, run_dtype
 from cure_core.metrics import ORDERS
 from cure_core.options import EngineArgs
 
@@ -33,6 +33,9 @@ from .bench.runner import (BenchPrompt, PairResult, ProgressLog, RunSpec, build_
 from .bench.scoring import REFUSAL, Scorer, needs_exec, summarize_scores
 from .common import LoggedProgress, err_console, fail, friendly_errors, phase_lines, quiet_transformers, sigterm_as_interrupt
 from .options import engine_options, with_flags
+
+if TYPE_CHECKING:
+    from cure_core.models import LoadedPair
 
 WARMUP_TOKENS = 32                              # tokens per warm-up generation
 
@@ -69,10 +72,12 @@ class _Running:
         return Text(" | ".join(parts), style="dim")
 
 
-def _device_info(args: EngineArgs, draft_dtype: str) -> dict:
-    """draft_dtype: what the loaded pair's drafters run in (`--draft-dtype` auto resolved by load_pair)."""
+def _device_info(args: EngineArgs, pair: LoadedPair) -> dict:
+    """What ran: the target's dtype, whether its rows are exact (cpu_kernels.rows_exact), the drafters' dtype
+    (`--draft-dtype` auto resolved by load_pair) ..."""
     import torch
-    info = {"device": args.device, "dtype": args.dtype, "draft_dtype": draft_dtype,
+    info = {"device": args.device, "dtype": args.target_dtype(), "rows_exact": rows_exact(pair.pair.target),
+            "draft_dtype": pair.draft_dtype,
             "device_map": args.device_map,
             "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(), "platform": platform.platform(),
             "processor": platform.processor(),
@@ -258,7 +263,7 @@ def write_report(p: Plan, m: Loaded, args: EngineArgs, finished: list[PairResult
     base = m.runs[0].config
     results = report.build_results(
         status=status, dataset=p.dataset, data_path=str(p.data) if p.data else None, limit=p.limit,
-        prompts=len(m.prompts), models=models, versions=versions(), device=_device_info(args, m.pair.draft_dtype),
+        prompts=len(m.prompts), models=models, versions=versions(), device=_device_info(args, m.pair),
         base_config={kk: v for kk, v in base.to_dict().items() if kk != "strategy"}, runs=m.runs,
         order="interleaved: for each prompt, every run in turn (" + ", ".join(names) + ")"
               + ("; their order balanced over the prompts (Williams design)" if p.order == "balanced" else
@@ -306,7 +311,7 @@ def run_vllm_phase(p: Plan, m: Loaded, args: EngineArgs, results: dict, finished
     ar = {position[x.prompt_index]: list(x.token_ids) for x in finished if x.run == "ar" and x.prompt_index in position}
     base = m.runs[0].config
     pair = m.pair.pair
-    inp = BenchInputs(target=pair.names.get("target") or args.target, draft=draft, dtype=args.dtype, k=base.k,
+    inp = BenchInputs(target=pair.names.get("target") or args.target, draft=draft, dtype=args.target_dtype(), k=base.k,
                       max_new_tokens=base.max_new_tokens, stop_ids=tuple(pair.eos_ids),
                       prompts=[list(q.ids) for q in m.prompts], task_ids=[q.task_id for q in m.prompts],
                       ar_tokens=ar, ar_tpot_ms=(results["metrics"].get("ar") or {}).get("tpot_ms"), warmup=warmup,
@@ -371,7 +376,7 @@ def bench(
                   "ar_draft": pair.names.get("ar_draft"), "drafter": args.drafter, "drafter_kind": m.pair.drafter_kind,
                   "chain_strategies": sorted(pair.chain_strategies), "mask_token_id": args.mask_token_id}
         fingerprint = {"dataset": p.dataset, "data_path": str(p.data) if p.data else None, "models": models,
-                       "device": args.device, "dtype": args.dtype, "draft_dtype": m.pair.draft_dtype,
+                       "device": args.device, "dtype": args.target_dtype(), "draft_dtype": m.pair.draft_dtype,
                        "device_map": args.device_map, "chat": m.chat,
                        "thinking": m.pair.thinking,
                        "runs": {r.name: r.config.to_dict() for r in m.runs}}

@@ -17,6 +17,7 @@ from .config import STRATEGIES, ConfigError
 from .catalog import choose_models
 from .errors import ModelLoadError
 from .models import LoadedPair, load_pair
+from .cpu_kernels import rows_exact, run_dtype
 from .options import EngineArgs
 from .thinking import choose_thinking, drafter_declaration, template_has_switch
 
@@ -59,7 +60,8 @@ def open_pair(args: EngineArgs, strategies: Sequence[str] | None = None,
 
     def load_with(ar_draft: str | None) -> LoadedPair:
         return load_pair(choice.target, choice.draft, drafter=args.drafter, mask_token_id=args.mask_token_id,
-                         ar_draft=ar_draft, device=args.device, dtype=args.dtype, device_map=args.device_map,
+                         ar_draft=ar_draft, device=args.device, dtype=args.target_dtype(),
+                         device_map=args.device_map,
                          kernels=kernels, draft_vocab=draft_vocab, draft_dtype=args.draft_dtype,
                          target_of=target_of)
     try:
@@ -86,6 +88,9 @@ def open_pair(args: EngineArgs, strategies: Sequence[str] | None = None,
     declared = drafter_declaration(choice.draft) if loaded.pair.drafter is not None else None
     loaded.thinking, warnings = choose_thinking(args.thinking, loaded.drafter_kind, declared,
                                                 template_has_switch(loaded.tokenizer))
+    if not rows_exact(loaded.pair.target):
+        notes.append(f"the {run_dtype(loaded.pair.target)} target is not made row-invariant here (that needs packed "
+                     "CPU kernels), so a strategy can differ from ar where two logits nearly tie; float32 is exact")
     loaded.notes = tuple(notes)
     loaded.warnings = tuple(warnings)
     return loaded

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from .block import Block
-from .cpu_kernels import MIN_ROWS, is_packed, run_dtype
+from .cpu_kernels import MIN_ROWS, cpu_info, is_packed, run_dtype
 from .lm import CachedLM, padded_size
 from .progress import phase
 from .redraft_price import RedraftPrice
@@ -82,8 +82,9 @@ def _model_key(model, ctx_len: int, kv: str = "dynamic", compile: bool = False) 
     path = f"{kv}-compiled" if compile else kv                      # CUDA graphs flatten a GPU's curve 4x
     # Rule: the dtype its matmuls run in (run_dtype), not its parameters': an int8 target's parameters are the
     # float32 ones its linears did not take, as a float32 target's under packed kernels are
+    cpu = cpu_info()["cpu_model"] if device.type == "cpu" else None          # the machine, where a cache is shared
     return (f"{name}|{n}|{device}|{run_dtype(model)}|ctx{ctx_len}|torch{torch.__version__}|threads{torch.get_num_threads()}"
-            f"|{kernels}|{path}|rounds")                                 # rounds: measured in interleaved rounds
+            f"|{kernels}|{path}|{cpu}|rounds")                           # rounds: measured in interleaved rounds
 
 
 def _cache_file() -> Path:

@@ -125,8 +125,10 @@ class PackedLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         w = linear.weight.detach()
         self.packed = torch.ops.mkldnn._reorder_linear_weight(w)     # opaque oneDNN layout, [out, in]
+        self.weight_dtype = w.dtype
         self.bias = None if linear.bias is None else linear.bias       # stays a Parameter (state_dict names)
         self.weight = linear.weight if keep_weight else None
+        self.max_rows = 0           # > 0: longer passes run in pieces of this many rows (row_invariant)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() and (x.requires_grad or (self.weight is not None and self.weight.requires_grad)):
@@ -134,9 +136,17 @@ class PackedLinear(nn.Module):
                 raise RuntimeError("this layer was packed for inference (`kernels` packed); "
                                    "load the model with kernels='eager' to train through it")
             return F.linear(x, self.weight, self.bias)
-        shape = x.shape                                                # [..., in]
-        bias = None if self.bias is None else self.bias.detach()
         rows = x.reshape(-1, self.in_features)                         # [M, in]
+        step = self.max_rows
+        if step and rows.shape[0] > step:
+            y = torch.cat([self._pass(rows[i:i + step]) for i in range(0, rows.shape[0], step)])
+        else:
+            y = self._pass(rows)
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def _pass(self, rows: torch.Tensor) -> torch.Tensor:
+        """One oneDNN matmul: rows [M, in] -> [M, out]."""
+        bias = None if self.bias is None else self.bias.detach()
         m = rows.shape[0]
         if 0 < m < MIN_ROWS:
             # Rule: fewer than MIN_ROWS rows are padded with zero rows. oneDNN's path for 1-2 rows is
@@ -146,10 +156,78 @@ class PackedLinear(nn.Module):
             # rows that come with it (bitwise, 1..64 rows; tests/test_kernels.py).
             rows = torch.cat([rows, rows.new_zeros((MIN_ROWS - m, self.in_features))])
         y = torch.ops.mkldnn._linear_pointwise(rows.contiguous(), self.packed, bias, "none", [], "")  # [M', out]
-        return y[:m].view(*shape[:-1], self.out_features)
+        return y[:m]
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, packed"
+        pieces = f", passes of <= {self.max_rows} rows" if self.max_rows else ""
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"packed{pieces}")
+
+
+PROBE_ROWS = 65         # row_invariant probes passes of MIN_ROWS .. this many rows (the largest tree + its root)
+
+
+def _cancelling(rows: int, cols: int, sign: float, gen: torch.Generator) -> torch.Tensor:
+    """[rows, cols] float32 [a, sign*a] halves (a: random signs, magnitudes over 2^-6..2^7): rows [u, u] times
+    weights [v, -v] sum to exactly 0, and what a matmul returns is the rounding its order of summation left."""
+    h, n = cols // 2, min(rows, 512)                  # 512 distinct rows, repeated (a head has 10^5)
+    a = torch.exp2(torch.randint(-6, 7, (n, h), generator=gen).float()) * (1 + torch.rand(n, h, generator=gen))
+    a = (a * (torch.randint(0, 2, (n, h), generator=gen).float() * 2 - 1)).repeat(-(-rows // n), 1)[:rows]
+    out = torch.zeros(rows, cols)
+    out[:, :h], out[:, h:2 * h] = a, sign * a
+    return out
+
+
+def invariant_rows(layer: PackedLinear, most: int = PROBE_ROWS) -> int:
+    """The most rows R <= `most` such that every pass of 1..R rows gives each row the same bits, wherever it sits
+    in the pass (fewer than MIN_ROWS rows are padded), for a layer of `layer`'s shape, dtype and bias.
+
+    How: passes of n and n-1 rows are compared on their common rows, and the R-row pass with its rows reversed,
+    on a probe layer whose every output is a sum that cancels exactly (`_cancelling`), so that any change of
+    summation order shows in most outputs. Random inputs would hide it: in bfloat16 a different order changes
+    the rounded output only where a sum falls near a rounding midpoint (about 1 output in 10^4, measured). 1: no
+    pass but one row gives each row its bits (a row then runs alone)."""
+    gen = torch.Generator().manual_seed(0)
+    lin = nn.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None)
+    with torch.no_grad():
+        lin.weight.copy_(_cancelling(layer.out_features, layer.in_features, -1.0, gen))
+        if lin.bias is not None:
+            lin.bias.zero_()
+    probe = type(layer)(lin.to(layer.weight_dtype), keep_weight=False)
+    x = _cancelling(most, layer.in_features, 1.0, gen).to(layer.weight_dtype)        # [most, in]
+    edge = most
+    with torch.inference_mode():
+        last = probe._pass(x[:1])
+        for n in range(2, most + 1):
+            y = probe._pass(x[:n])
+            if not torch.equal(y[:n - 1], last):
+                edge = n - 1
+                break
+            last = y
+        if not torch.equal(probe._pass(x[:edge].flip(0)), last[:edge].flip(0)):
+            return 1
+    return edge
+
+
+def row_invariant(model: nn.Module, most: int = PROBE_ROWS) -> int:
+    """Make every PackedLinear of `model` run passes its rows do not depend on: each layer runs longer passes in
+    pieces of its `invariant_rows` (probed once per shape). Returns the fewest rows any layer may take.
+
+    Rule: a reduced-precision target's rows must not depend on the pass they come in, or a tree verify and a
+    one-row `ar` step round a near tie differently (lossless decoding in bfloat16). oneDNN picks its bfloat16
+    kernel by row count, and kernels sum in different orders: on an AMX Xeon, Qwen2.5's layers give one result
+    for 1-32 rows and another from 33 on, while passes of one row count give every row the same bits wherever it
+    sits and whatever comes beside it (tests/test_bf16_target.py). Which counts share a kernel is oneDNN's choice
+    by CPU, dtype, shape and thread count, so it is probed, under the thread count the model loads with."""
+    probed: dict[tuple, int] = {}
+    layers = [m for m in model.modules() if isinstance(m, PackedLinear)]
+    for layer in layers:
+        shape = (layer.in_features, layer.out_features, layer.bias is not None, layer.weight_dtype,
+                 torch.get_num_threads())
+        if shape not in probed:
+            probed[shape] = invariant_rows(layer, most)
+        layer.max_rows = probed[shape]
+    return min(probed.values(), default=most)
 
 
 def int8_rows(weight: torch.Tensor) -> torch.Tensor:
@@ -239,6 +317,14 @@ def run_dtype(model: nn.Module) -> str:
     if any(isinstance(m, RowInt8Linear) for m in model.modules()):
         return "int8"
     return str(next(model.parameters()).dtype).removeprefix("torch.")
+
+
+def rows_exact(model: nn.Module) -> bool:
+    """Whether a target's rows get the same bits whatever pass they come in, so that every strategy equals `ar`
+    token for token: float32 (the lossless check), int8 (RowInt8Linear), or a reduced-precision target made
+    row-invariant (row_invariant). A bfloat16 target on eager kernels or off the CPU is not."""
+    return run_dtype(model) in ("float32", "int8") or any(
+        isinstance(m, PackedLinear) and m.max_rows for m in model.modules())
 
 
 def _swap_linears(model: nn.Module, make: Callable[[nn.Linear, bool], nn.Module]) -> int:

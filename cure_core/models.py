@@ -17,7 +17,8 @@ from .block import Block
 from .checkpoints import (DTYPES, check_tokenizers_match, config_kind, draft_folder_config, load_model,
                           load_tokenizer, torch_dtype)
 from .config import DecodeConfig
-from .cpu_kernels import KERNELS, bf16_kernels, int8_kernels, pack_linears, resolve_kernels, unavailable_reason
+from .cpu_kernels import (KERNELS, bf16_kernels, int8_kernels, pack_linears, resolve_kernels, row_invariant,
+                          unavailable_reason)
 from .cpu_kernels import int8_target as int8_target_layers
 from .attention import use_exact_attention
 from .drafters.causal import ArDrafter, PardDrafter
@@ -223,6 +224,10 @@ def load_pair(target: str, draft: str | None = None, *, drafter: str = "auto", m
                for m in (dmodel, amodel) if m is not None]
     packed = apply_kernels(kernels if not device_map else "eager", models,
                            int8=[m for m, d in runs_in if d == "int8"])      # Int8Linear layers for these
+    if packed and target_of is None and dtype in ("bfloat16", "float16"):
+        with phase(f"probing which row counts give {dtype} rows the same bits (once per load)"):
+            row_invariant(tmodel)           # every verify row what a one-row ar step gives it
+            use_exact_attention(tmodel)
     # what the drafters run in: one dtype, or a DFlash drafter's and the chain draft's when they differ
     ran = {d for _, d in runs_in}
     if not ran:
@@ -254,12 +259,12 @@ def int8_unavailable(device: str, device_map: str | None, kernels: str, what: st
 
 
 def auto_draft_dtype(dtype: str, device: str, device_map: str | None, kernels: str) -> str:
-    """`draft_dtype` auto for a causal drafter (PARD, AR, the chain draft). Rule: under a float32 target on a
-    CPU, with kernels that may pack, int8 where torch has fbgemm's int8 matmuls, else bfloat16 where oneDNN
-    runs bfloat16 matmuls; else the target's dtype. Why: a drafter's short passes are bandwidth-bound, so
+    """`draft_dtype` auto for a causal drafter (PARD, AR, the chain draft). Rule: under a float32 or bfloat16
+    target on a CPU, with kernels that may pack, int8 where torch has fbgemm's int8 matmuls, else bfloat16 where
+    oneDNN runs bfloat16 matmuls; else the target's dtype. Why: a drafter's short passes are bandwidth-bound, so
     fewer bytes per weight are faster at the same acceptance (benchmarks/results/SUMMARY.md, History of the
     rules). A DFlash drafter keeps the target's dtype under auto (its layers are small; not measured to pay)."""
-    if dtype == "float32" and device == "cpu" and not device_map and kernels != "eager":
+    if dtype in ("float32", "bfloat16") and device == "cpu" and not device_map and kernels != "eager":
         if int8_kernels():
             return "int8"
         if bf16_kernels():

@@ -83,14 +83,17 @@ class EngineArgs:
         "0 elsewhere (a GPU's head is cheap). DFlash drafters use the vocabulary saved in their checkpoint. "
         "Never changes the output."))
     device: str = _opt("--device", default="cpu", help="cpu, cuda, cuda:1, mps ...")
-    dtype: str = _opt("--dtype", default="float32", help=(
-        "The target's dtype: float32 (lossless check), float16, bfloat16, or int8 (CPU: int8 weights, each input "
-        "row quantized on its own, so every strategy still equals ar in int8 token for token; packed kernels)."))
+    dtype: str = _opt("--dtype", default="auto", help=(
+        "The target's dtype: float32, float16, bfloat16, int8 (CPU: int8 weights, each input row quantized on "
+        "its own; packed kernels), or auto: bfloat16 on a CPU whose oneDNN runs bfloat16 matmuls natively "
+        "(AVX512-BF16, AMX) with kernels that pack, float32 elsewhere. Every strategy equals ar token for token "
+        "in the same dtype; a bfloat16 target is exact so on packed CPU kernels only (rows probed for the row "
+        "counts that give them the same bits); elsewhere it can flip near-tied argmaxes."))
     draft_dtype: str = _opt("--draft-dtype", default="auto", help=(
         "The drafters' own networks (PARD, AR, --ar-draft, DFlash's layers): float32, float16, bfloat16, "
         "int8 (CPU, packed kernels: int8 weights for passes of up to 16 rows, such as chain steps), or "
-        "auto: for causal drafters (PARD, AR) under a float32 target on a CPU, int8 where torch has fbgemm's "
-        "int8 matmuls, else bfloat16 where oneDNN has bfloat16 kernels; else --dtype. Only proposals change, "
+        "auto: for causal drafters (PARD, AR) under a float32 or bfloat16 target on a CPU, int8 where torch has "
+        "fbgemm's int8 matmuls, else bfloat16 where oneDNN has bfloat16 kernels; else --dtype. Only proposals change, "
         "the target verifies every token. Never changes the output."))
     device_map: str | None = _opt("--device-map", default=None, kind=str, help=(
         "Passed to accelerate (e.g. auto) for targets larger than one device."))
@@ -126,6 +129,17 @@ class EngineArgs:
                               f"got {self.draft_vocab!r}")
         return n
 
+
+    def target_dtype(self) -> str:
+        """`dtype` by name, auto resolved. Rule: auto is bfloat16 on a CPU whose oneDNN runs bfloat16 matmuls
+        natively, when the target packs (then its rows are made not to depend on their pass, so every strategy
+        equals ar in bfloat16: cpu_kernels.row_invariant); float32 elsewhere. Why: a one-row step streams every
+        weight, and bfloat16 weights are half of float32's bytes (benchmarks/results/SUMMARY.md)."""
+        if self.dtype != "auto":
+            return self.dtype
+        from .cpu_kernels import bf16_kernels
+        cpu = self.device == "cpu" and not self.device_map and self.load_kernels() != "eager"
+        return "bfloat16" if cpu and bf16_kernels() else "float32"
 
     def load_kernels(self) -> str:
         """`kernels` for loading. Rule: torch.compile cannot trace packed layers (inductor packs on its own),

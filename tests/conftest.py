@@ -13,9 +13,22 @@ import torch
 
 from cure_core.drafters.causal import ArDrafter, PardDrafter
 from cure_core.engine import ModelPair
+from cure_core.options import EngineArgs
 from cure_core.tiny import BYTE_VOCAB, MASK_ID, perturbed_copy, tiny_target
 
 torch.set_num_threads(1)
+
+# what `dtype` auto loads a CPU target in here: bfloat16 where oneDNN runs it natively, else float32
+AUTO_DTYPE = EngineArgs().target_dtype()
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Each test ends with one torch thread again: a script a test runs may set --threads, and a count left
+    above the free cores makes every later parallel op wait on descheduled threads (seen: a 30 s test took 15
+    minutes beside another job)."""
+    yield
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session", autouse=True)

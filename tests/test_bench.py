@@ -14,6 +14,7 @@ from cure_cli.bench.runner import (BenchError, BenchPrompt, PairResult, Progress
                                    parse_list)
 from cure_cli.bench.scoring import REFUSAL, Scorer, summarize_scores
 from cure_cli.bench.stats import common_prefix, complete_prompts, compute, match_stats, run_metrics
+from conftest import AUTO_DTYPE
 from cure_core.metrics import balanced_order
 from cure_tasks import Problem
 from cure_cli.main import app
@@ -289,7 +290,7 @@ def test_end_to_end_all_strategies_with_ablation(tiny_dirs, prompts_file, tmp_pa
     # trace: one generation per (prompt, run), in the interleaved order
     trace = read_trace(out / "trace.jsonl")
     assert trace.footer["status"] == "complete"
-    assert trace.header["dtype"] == "float32"          # what inspect's and a replay's "vs AR" name
+    assert trace.header["dtype"] == AUTO_DTYPE         # what inspect's and a replay's "vs AR" name
     assert len(trace.generations) == 2 * len(names)
     run_cfg = {n: res["runs"][n] for n in names}
     order = [next(n for n in names if run_cfg[n] == g.config) for g in trace.generations]
@@ -310,11 +311,11 @@ def test_tables_pard_chain_sd_and_code_exec(tiny_dirs, prompts_file, tmp_path):
     assert "tau" in r.stdout and "TPOT" in r.stdout and "lossless" in r.stdout
     res = json.loads((out / "results.json").read_text())
     # a speedup names the ar it divides by, and results.json records that ar's dtype
-    assert res["device"]["ar_dtype"] == "float32"
+    assert res["device"]["ar_dtype"] == AUTO_DTYPE
     wide = Console(width=300, record=True, file=io.StringIO())
     report.print_tables(wide, res)
     heads = [line for line in wide.export_text().splitlines() if "x ar" in line and "tau x ar TPOT" not in line]
-    assert heads and all(line.count("x ar") == line.count("x ar (float32)") for line in heads)
+    assert heads and all(line.count("x ar") == line.count(f"x ar ({AUTO_DTYPE})") for line in heads)
     assert list(res["metrics"]) == ["ar", "sd", "cure"] and res["skipped"] == []
     assert res["lossless"]["sd"]["identical"] == 1
     assert res["scoring"]["note"] is None and res["scoring"]["metric"] == "pass@1"

@@ -168,6 +168,19 @@ def test_cpu_kernels_benchmark_smoke(tmp_path):
     assert json.loads((tmp_path / "k.json").read_text())["sizes"] == [1, 4]
 
 
+def test_cpu_kernels_benchmark_compares_the_target_in_several_dtypes(tmp_path):
+    """--dtypes: one curve per dtype, each target loaded as the engine loads it (bfloat16 where this CPU has its
+    kernels)."""
+    import cure_core.cpu_kernels as K
+    from conftest import benchmark_script
+    dtypes = ["float32", "bfloat16"] if K.bf16_kernels() else ["float32"]
+    with benchmark_script("cpu_kernels") as mod:
+        rep = mod.main(["--tiny", "--dtypes", ",".join(dtypes), "--sizes", "1,4", "--reps", "2", "--ctx", "16"])
+    assert rep["dtypes"] == dtypes and list(rep["curves"]) == dtypes
+    assert all(c["x_one_token"]["1"] == 1.0 and c["ms"]["4"] > 0 for c in rep["curves"].values())
+    assert rep["environment"]["bf16_kernels"] == K.bf16_kernels()
+
+
 def test_cpu_info_names_the_cpu_and_its_kernels(monkeypatch):
     """Result files record what a timing ran on: the CPU's model name (from /proc/cpuinfo on Linux) and which
     kernels it runs; without /proc/cpuinfo the name is None, not an error."""

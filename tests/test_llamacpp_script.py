@@ -3,6 +3,7 @@ benchmarks/README.md says), the command lines it builds, its one-line refusals, 
 models with stand-in binaries that print the recorded output."""
 from __future__ import annotations
 
+from conftest import AUTO_DTYPE
 import json
 import os
 import subprocess
@@ -195,7 +196,7 @@ def test_a_whole_run_interleaves_llamacpp_rows_with_ours(tmp_path):
     assert json.loads(out.read_text())["schema"] == llamacpp.SCHEMA
     s = report["summary"]
     assert list(s) == ["hf_generate", "cure_ar", "llama_ar", "llama_spec", "llama_lookup"]
-    assert report["environment"]["ar_dtype"] == "float32"
+    assert report["environment"]["ar_dtype"] == AUTO_DTYPE
     runs = [r for r in report["results"] if r["method"] == "llama_ar"]
     assert len(runs) == 2 and all(r["decode_tokens"] == AR_COUNTS[1] for r in runs)
     assert s["llama_ar"]["tokens_per_s"] == pytest.approx(1e3 * AR_COUNTS[1] / AR_DECODE_MS)

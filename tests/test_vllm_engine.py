@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 from cure_cli.bench import vllm_env
 from cure_cli.bench.vllm_engine import VllmError, check, compare_proposals, run_worker, summarize
 from cure_cli.main import app
+from conftest import AUTO_DTYPE
 from cure_core.tiny import MASK_ID, byte_tokenizer, save_tiny_pair, tiny_target
 
 runner = CliRunner()
@@ -168,7 +169,7 @@ def test_bench_adds_vllm_rows_to_the_table_and_results(dflash_pair, tmp_path, fa
     ours = [json.loads(x) for x in (tmp_path / "b" / "progress.jsonl").read_text().splitlines()[1:]]
     assert req["prompts"] == [x["prompt_ids"] for x in ours if x["run"] == "ar"]
     assert req["max_new_tokens"] == 6 and req["num_speculative_tokens"] == 5 and req["threads"] == 1
-    assert req["draft"] == str(tmp_path / "b" / "vllm" / "drafter") and req["dtype"] == "float32"
+    assert req["draft"] == str(tmp_path / "b" / "vllm" / "drafter") and req["dtype"] == AUTO_DTYPE
     assert json.loads((tmp_path / "b" / "vllm" / "drafter" / "config.json").read_text())["block_size"] == 6
     assert req["stop_ids"] == [256, 258]                             # the target's eos ids: <|endoftext|>, <|im_end|>
 

@@ -241,6 +241,8 @@ def print_lossless(console: Console, results: dict) -> None:
             console.print(f"[yellow]note:[/] {msg}; expected at temperature > 0 (lossless in distribution, not "
                           f"token for token)", highlight=False)
         else:
-            hint = ("" if results["device"].get("dtype") in ("float32", "fp32", "int8") else
-                    f"; reduced precision ({results['device'].get('dtype')}) can flip near-tied argmaxes")
+            device = results["device"]
+            exact = device.get("rows_exact", device.get("dtype") in ("float32", "fp32", "int8"))
+            hint = "" if exact else (f"; the {device.get('dtype')} target's rows depend on their pass here, which "
+                                     "can flip near-tied argmaxes")
             console.print(f"[bold red]MISMATCH: {msg}{hint}[/]", highlight=False)
