@@ -224,8 +224,8 @@ def load_pair(target: str, draft: str | None = None, *, drafter: str = "auto", m
                for m in (dmodel, amodel) if m is not None]
     packed = apply_kernels(kernels if not device_map else "eager", models,
                            int8=[m for m, d in runs_in if d == "int8"])      # Int8Linear layers for these
-    if packed and target_of is None and dtype in ("bfloat16", "float16"):
-        with phase(f"probing which row counts give {dtype} rows the same bits (once per load)"):
+    if packed and target_of is None and dtype == "bfloat16":        # (float16 never packs: unavailable_reason)
+        with phase("probing which row counts give bfloat16 rows the same bits (once per load)"):
             row_invariant(tmodel)           # every verify row what a one-row ar step gives it
             use_exact_attention(tmodel)
     # what the drafters run in: one dtype, or a DFlash drafter's and the chain draft's when they differ
