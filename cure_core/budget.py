@@ -45,6 +45,7 @@ from .cpu_kernels import MIN_ROWS, cpu_info, is_packed, run_dtype
 from .lm import CachedLM, padded_size
 from .progress import phase
 from .redraft_price import RedraftPrice
+from .tree import argmax
 
 # Tree sizes the cost curve is measured at (and the tuner's candidate budgets, engine._make_tuner). Rule: every
 # size up to 8. Why: CPU matmul kernels step at small row counts (oneDNN's float32 kernels: 1-6 rows at about
@@ -169,7 +170,7 @@ def _time_forward(lm: CachedLM, toks: list[int]) -> float:
         torch.cuda.synchronize(device)
     t0 = time.perf_counter()
     fwd = lm.forward(toks, [-1] + list(range(len(toks) - 1)))
-    fwd.logits.argmax(-1).tolist()
+    argmax(fwd.logits).tolist()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     ms = (time.perf_counter() - t0) * 1e3

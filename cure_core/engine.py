@@ -22,7 +22,7 @@ from .lm import CachedLM, padded_size
 from .metrics import common_prefix
 from .policies import Policy, make_policy
 from .strategies import CHAIN_STRATEGIES, drafted_steps
-from .tree import DraftTree, greedy_accept, sample_accept
+from .tree import DraftTree, argmax, greedy_accept, sample_accept
 
 
 class GenerationError(CureError, ValueError):
@@ -269,7 +269,7 @@ class Engine:
             # 2. Verify: one target forward over [root, nodes]; node i is scratch row i + 1.
             fwd = target.forward([root] + tree.tokens, [-1] + [p + 1 for p in tree.parents])
             if cfg.temperature == 0:
-                pred = fwd.logits.argmax(-1).tolist()              # [N+1] on the host: the verify's one read
+                pred = argmax(fwd.logits).tolist()              # [N+1] on the host: the verify's one read
                 path = greedy_accept(tree, pred)
                 bonus = pred[path[-1] + 1 if path else 0]
             else:

@@ -17,7 +17,7 @@ import torch
 
 from ..cpu_kernels import is_int8
 from ..lm import CachedLM, Forward
-from ..tree import DraftTree
+from ..tree import DraftTree, argmax
 from .base import ChainSubstitutions, Drafter, Proposal, RedraftPolicy, proposals, top_k_logprobs
 from .vocab import DraftVocab
 
@@ -208,7 +208,7 @@ class ArDrafter(_CausalDrafter):
                 out[j].append(rows[j])
             if step + 1 == max(lengths):
                 break
-            toks = [int(self._ids(rows[j].argmax())) for j in live]
+            toks = [int(self._ids(argmax(rows[j]))) for j in live]
             fwd = self.lm.forward(toks, [last[j] for j in live])
             new_rows = self._scores(fwd, slice(None))
             rows = rows.clone()
