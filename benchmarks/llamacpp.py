@@ -290,9 +290,9 @@ def add_llama_methods(args, setup: peers.Setup, threads: int, exes: dict[str, Pa
 
 
 def target_dtype(pair) -> str:
-    import torch
-    p = next(pair.target.parameters(), None)
-    return str(p.dtype if p is not None else torch.get_default_dtype()).removeprefix("torch.")
+    """The dtype `ar` ran in: int8 for an int8 target, whose norms and embedding stay float32."""
+    from cure_core.cpu_kernels import run_dtype
+    return run_dtype(pair.target)
 
 
 def render(console, summary: dict, n_prompts: int, ar_dtype: str, title: str = "") -> None:

@@ -7,6 +7,7 @@ what it learns across generations (cure_core/api.py's `load()` fills in the CLI'
 """
 from __future__ import annotations
 
+import ctypes
 import os
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
@@ -236,8 +237,19 @@ def load_pair(target: str, draft: str | None = None, *, drafter: str = "auto", m
         named = ran.pop()
     else:
         named = f"{flash_dtype} (dflash), {causal_dtype} (chain)"
+    trim_heap()
     return LoadedPair(pair=pair, tokenizer=tok, drafter_kind=kind, kernels="packed" if packed else "eager",
                       draft_vocab=draft_vocab, draft_dtype=named)
+
+
+def trim_heap() -> None:
+    """Hand the heap that loading freed back to the OS. Why: casting, quantizing and packing weights free
+    their float32 copies, and glibc keeps much of that mapped (the 1.5B pair with its drafters: 10.6 GB
+    resident after loading, 8.6 GB after a trim). A no-op where the C library has no malloc_trim."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def int8_network_dtype() -> str:
