@@ -85,10 +85,11 @@ class EngineArgs:
     device: str = _opt("--device", default="cpu", help="cpu, cuda, cuda:1, mps ...")
     dtype: str = _opt("--dtype", default="auto", help=(
         "The target's dtype: float32, float16, bfloat16, int8 (CPU: int8 weights, each input row quantized on "
-        "its own; packed kernels), or auto: bfloat16 on a CPU whose oneDNN runs bfloat16 matmuls natively "
-        "(AVX512-BF16, AMX) with kernels that pack, float32 elsewhere. Every strategy equals ar token for token "
-        "in the same dtype; a bfloat16 target is exact so on packed CPU kernels only (rows probed for the row "
-        "counts that give them the same bits); elsewhere it can flip near-tied argmaxes."))
+        "its own; packed kernels), or auto: on a CPU with kernels that pack, int8 where fbgemm has VNNI, else "
+        "bfloat16 where oneDNN runs it natively (AVX512-BF16, AMX), else float32; float32 off the CPU. Every "
+        "strategy equals ar token for token in the same dtype; a bfloat16 target is exact so on packed CPU "
+        "kernels only (rows probed for the row counts that give them the same bits); elsewhere it can flip "
+        "near-tied argmaxes. Pass float32 for the checkpoint's own numbers."))
     draft_dtype: str = _opt("--draft-dtype", default="auto", help=(
         "The drafters' own networks (PARD, AR, --ar-draft, DFlash's layers): float32, float16, bfloat16, "
         "int8 (CPU, packed kernels: int8 weights for passes of up to 16 rows, such as chain steps), or "
@@ -131,15 +132,21 @@ class EngineArgs:
 
 
     def target_dtype(self) -> str:
-        """`dtype` by name, auto resolved. Rule: auto is bfloat16 on a CPU whose oneDNN runs bfloat16 matmuls
-        natively, when the target packs (then its rows are made not to depend on their pass, so every strategy
-        equals ar in bfloat16: cpu_kernels.row_invariant); float32 elsewhere. Why: a one-row step streams every
-        weight, and bfloat16 weights are half of float32's bytes (benchmarks/results/SUMMARY.md)."""
+        """`dtype` by name, auto resolved. Rule: on a CPU, with kernels that pack, auto is the dtype whose
+        one-row step streams the fewest bytes among those this CPU multiplies natively: int8 where fbgemm
+        multiplies full 8-bit activations (VNNI), else bfloat16 where oneDNN runs bfloat16 matmuls, else
+        float32; float32 off the CPU. Every one of them equals ar in its dtype token for token (int8 rows are
+        quantized one by one; bfloat16 rows are made not to depend on their pass: cpu_kernels.row_invariant).
+        Why: the measured cost curves (benchmarks/results/SUMMARY.md) put int8 below bfloat16 and bfloat16
+        below float32 at the row counts the budget tuner picks, on both embedded targets."""
         if self.dtype != "auto":
             return self.dtype
-        from .cpu_kernels import bf16_kernels
-        cpu = self.device == "cpu" and not self.device_map and self.load_kernels() != "eager"
-        return "bfloat16" if cpu and bf16_kernels() else "float32"
+        from .cpu_kernels import REDUCE_RANGE, bf16_kernels, int8_kernels
+        if self.device != "cpu" or self.device_map or self.load_kernels() == "eager":
+            return "float32"
+        if int8_kernels() and not REDUCE_RANGE:
+            return "int8"
+        return "bfloat16" if bf16_kernels() else "float32"
 
     def load_kernels(self) -> str:
         """`kernels` for loading. Rule: torch.compile cannot trace packed layers (inductor packs on its own),

@@ -135,25 +135,31 @@ def saved(target, tmp_path_factory):
     return root
 
 
-def test_dtype_auto_is_bfloat16_where_it_is_exact_and_fast_and_float32_elsewhere():
+def test_dtype_auto_is_int8_then_bfloat16_where_the_cpu_runs_them_natively_and_float32_elsewhere():
+    from cure_core.cpu_kernels import REDUCE_RANGE
     from cure_core.options import EngineArgs
-    native = "bfloat16" if bf16_kernels() else "float32"
+    native = ("int8" if int8_kernels() and not REDUCE_RANGE else "bfloat16" if bf16_kernels() else "float32")
     assert EngineArgs().dtype == "auto" and EngineArgs().target_dtype() == native
-    assert EngineArgs(kernels="eager").target_dtype() == "float32"          # eager: no row-invariant bfloat16
+    assert EngineArgs(kernels="eager").target_dtype() == "float32"          # eager: neither int8 nor exact bfloat16
     assert EngineArgs(compile=True).target_dtype() == "float32"             # compile runs eager kernels
     assert EngineArgs(device="cuda").target_dtype() == "float32"
-    assert EngineArgs(dtype="int8").target_dtype() == "int8"
+    assert EngineArgs(device_map="auto").target_dtype() == "float32"
+    assert EngineArgs(dtype="bfloat16").target_dtype() == "bfloat16"
 
 
 def test_load_resolves_auto_and_says_where_bfloat16_is_not_exact(saved):
     from cure_core import load
     from cure_core.cpu_kernels import rows_exact
+    from cure_core.options import EngineArgs
     auto = load(target=str(saved / "target"), draft=str(saved / "draft"), drafter="ar", strategy="sd")
-    assert run_dtype(auto.pair.target) == ("bfloat16" if bf16_kernels() else "float32")
+    assert run_dtype(auto.pair.target) == EngineArgs().target_dtype()
     assert rows_exact(auto.pair.target) and not any("row-invariant" in n for n in auto.notes)
     if bf16_kernels():
-        assert auto.pair.target.config._attn_implementation == EXACT
-        assert auto.draft_dtype == ("int8" if int8_kernels() else "bfloat16")   # the chain draft, under bf16 too
+        bf16 = load(target=str(saved / "target"), draft=str(saved / "draft"), drafter="ar", strategy="sd",
+                    dtype="bfloat16")
+        assert run_dtype(bf16.pair.target) == "bfloat16" and rows_exact(bf16.pair.target)
+        assert bf16.pair.target.config._attn_implementation == EXACT
+        assert bf16.draft_dtype == ("int8" if int8_kernels() else "bfloat16")   # the chain draft, under bf16 too
     eager = load(target=str(saved / "target"), dtype="bfloat16", kernels="eager")
     assert not rows_exact(eager.pair.target)
     assert any("not made row-invariant" in n for n in eager.notes)

@@ -6,6 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cure_cli.main import app
+from conftest import AUTO_DTYPE
 from cure_core.models import auto_draft_dtype
 from cure_core.tiny import byte_tokenizer, save_tiny_pair, tiny_target
 
@@ -31,7 +32,7 @@ def test_json_output_is_one_object_and_lossless(tiny_dirs, tmp_path):
         obj = json.loads(r.stdout)
         assert set(obj) == {"text", "token_ids", "strategy", "stats", "kernels", "draft_vocab", "draft_dtype"}
         # --draft-dtype auto: int8 (else bfloat16) for this causal (PARD) drafter where a CPU packs it, else the target's
-        assert obj["draft_dtype"] == auto_draft_dtype("float32", "cpu", None, "auto")
+        assert obj["draft_dtype"] == auto_draft_dtype(AUTO_DTYPE, "cpu", None, "auto")
         assert obj["draft_vocab"] == 16384                   # --draft-vocab auto on a CPU
         assert set(obj["stats"]) == {"tau", "tpot_ms", "tokens_per_s", "blocks", "new_tokens",
                                      "repair_win_rate", "mean_tree_size"}
