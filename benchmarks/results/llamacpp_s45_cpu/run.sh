@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Session 45's #58 runs, one after another on a quiet machine (the AMX Xeon; llama.cpp built without AMX:
+# benchmarks/README.md). Each llama.cpp run keeps its JSON (every prompt's rows and outputs).
+set -euo pipefail
+cd "$(dirname "$0")/../../.."
+R=benchmarks/results/llamacpp_s45_cpu
+SETS=humaneval@20,gsm8k,benchmarks/prompts/chat20.jsonl
+# 1.5B pair, bfloat16 target (what --dtype auto picked before this session), run with 41fe6a3 + the argmax change
+python3 benchmarks/llamacpp.py --target qwen-coder-1.5b --sets $SETS --limit 6 --max-new-tokens 64 --threads 2 \
+    --strategies ar,sd,cure,ddtree --llama ar,spec,lookup --quiet --json $R/llamacpp18_qwen15b_bf16.json
+# 1.5B pair at the new defaults (--dtype auto = int8 here), with float32 ar
+python3 benchmarks/llamacpp.py --target qwen-coder-1.5b --sets $SETS --limit 6 --max-new-tokens 64 --threads 2 \
+    --strategies ar:dtype=float32,ar,sd,cure,ddtree --llama ar,spec,lookup --quiet --json $R/llamacpp18_qwen15b_auto.json
+# 0.5B pair at the new defaults, with float32 and bfloat16 rows
+python3 benchmarks/llamacpp.py --sets $SETS --limit 6 --max-new-tokens 128 --threads 2 \
+    --strategies ar:dtype=float32,ar:dtype=bfloat16,cure:dtype=bfloat16,ar,cure,ddtree --llama ar,lookup --quiet \
+    --json $R/llamacpp18_qwen05b_auto.json
+# Quality (tokens only, no timing): pass@1 of the int8 target on HumanEval 1-40, against session 44's runs
+#   cure bench humaneval --limit 40 -n 256 --strategies cure --dtype int8 --allow-code-exec --threads 1 --json -o /tmp/he/int8
+#   cp /tmp/he/int8/results.json $R/he40_int8_results.json
+#   python3 $R/pass_at_1.py $R/he40_int8_results.json benchmarks/results/bf16_target_s44_cpu/he40/*_results.json
