@@ -112,7 +112,7 @@ def real_pairs(alias: str, per_set: int) -> tuple[dict[str, ModelPair], list[lis
     with its int8 copy (--draft-dtype int8: right on most rows), and `per_set` held-out prompts from
     HumanEval 21.. and chat20, encoded as `cure bench` encodes them."""
     from cure_core.api import open_pair
-    args = EngineArgs(target=alias, draft=alias, drafter="ar", strategy="sd", draft_dtype="float32")
+    args = EngineArgs(target=alias, draft=alias, drafter="ar", strategy="sd", dtype="float32", draft_dtype="float32")
     exact = open_pair(args, strategies=["sd", "cure", "ddtree"])
     int8 = open_pair(args.with_(draft_dtype="int8"), strategies=["sd", "cure", "ddtree"], target_of=exact)
     prompts, names = held_out(exact, per_set)
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--kinds", default="tiny,synthetic", help="drafters: tiny (copies, perturbed), synthetic")
     ap.add_argument("--auto", action="store_true", help="--v-max auto (tokens/s; time it alone)")
     # --target (the SYNTHETIC drafters over it instead of the tiny target) and its --dtype: EngineArgs' flags
-    EngineArgs.add_cli_args(ap, only=("target", "dtype"))
+    EngineArgs.add_cli_args(ap, only=("target", "dtype"), dtype="float32")
     ap.add_argument("--real", metavar="ALIAS", help="instead: this embedded model drafting for itself (AR; "
                     "float32 and int8), --prompts held-out HumanEval and chat20 prompts each, at --budgets")
     common.add_threads(ap, default=1)

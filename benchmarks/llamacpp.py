@@ -33,7 +33,8 @@ that passes -n, so it may decode a few tokens more than -n; its time covers them
 Output check: llama.cpp's text, re-encoded with our tokenizer, against hf_generate's tokens (the `= HF
 greedy` column; where llama.cpp stopped at an end-of-generation token, which it does not print, against
 them less that token). llama.cpp multiplies its 4-bit weights by 8-bit activations where we dequantize to the run's
-dtype, so its argmax can flip on near ties: a difference there is a different computation, not a lost token.
+dtype (or, in int8, re-quantize the weights per row and each activation row on one scale), so its argmax can flip:
+a difference there is a different computation, not a lost token.
 """
 from __future__ import annotations
 

@@ -208,9 +208,9 @@ def load_setup(args) -> Setup:
     models["draft_vocab"] = loaded.draft_vocab
     models["draft_dtype"] = loaded.draft_dtype
     # the opened pair answers for its options' dtype (e.g. auto) and for the dtype that resolved to
-    engines = {(engine_args.draft, engine_args.draft_dtype, engine_args.dtype): loaded.engine,
-               (engine_args.draft, loaded.draft_dtype, engine_args.dtype): loaded.engine}
-    targets = {engine_args.dtype: loaded}
+    engines = {(engine_args.draft, d, t): loaded.engine for d in (engine_args.draft_dtype, loaded.draft_dtype)
+               for t in (engine_args.dtype, engine_args.target_dtype())}
+    targets = {engine_args.dtype: loaded, engine_args.target_dtype(): loaded}   # `dtype=int8` under auto's int8: one target
 
     def reopen(draft: str | None = None, draft_dtype: str | None = None, dtype: str | None = None):
         """The `draft=` / `draft_dtype=` / `dtype=` variants: the same options with another draft checkpoint,

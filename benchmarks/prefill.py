@@ -5,7 +5,7 @@
         --json benchmarks/results/prefill_head_cpu/qwen15b.json
     python benchmarks/prefill.py --tiny                          # smoke run (the test does this)
 
-The target loads as `cure generate` loads it (float32, packed kernels where they apply). For each prompt
+The target loads as `cure generate` loads it (its --dtype auto, packed kernels where they apply). For each prompt
 length: a fresh CachedLM prefilled both ways in alternation, --reps times; medians in ms.
 """
 from __future__ import annotations

@@ -296,7 +296,7 @@ def check_engine(engine: str, p: Plan, args: EngineArgs) -> str | None:
             from cure_core.checkpoints import draft_folder_config
             draft, _ = draft_folder_config(choice.draft)
     check(engine, temperature=args.temperature, device=args.device, device_map=args.device_map,
-          strategies=p.strategies, draft_folder=draft)
+          strategies=p.strategies, draft_folder=draft, dtype=args.target_dtype())
     return draft
 
 
@@ -365,6 +365,12 @@ def bench(
         if threads:
             import torch
             torch.set_num_threads(threads)
+        from .bench.vllm_engine import VLLM_DTYPES
+        if engine == "vllm" and args.dtype == "auto" and args.target_dtype() not in VLLM_DTYPES:
+            # Rule: vLLM compares with our ar in one float dtype; auto's int8 target has no vLLM twin.
+            args = args.with_(dtype="float32")
+            err_console.print("[dim]--engine vllm: the target runs float32 (--dtype auto would pick "
+                              "int8 here, which vLLM does not run)[/]", highlight=False)
         p = plan(dataset, prompts, data, limit, strategies, ablate, args, order)
         vllm_draft = check_engine(engine, p, args)                 # before any model loads
         with phase_lines():

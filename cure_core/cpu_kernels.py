@@ -88,10 +88,12 @@ def _cpu_flags() -> set[str]:
         return set()
 
 
-# Rule: without VNNI, fbgemm's int8 matmul multiplies u8 x s8 pairs into saturating int16 sums (AVX2's
+# Rule: without AVX512-VNNI, fbgemm's int8 matmul multiplies u8 x s8 pairs into saturating int16 sums (AVX2's
 # vpmaddubsw), so full 8-bit activations overflow on wide layers (a 30% error on a 64-wide layer); such CPUs
-# quantize activations to 7 bits (`reduce_range`), as torch's own dynamic quantization does there.
-REDUCE_RANGE = not (_cpu_flags() & {"avx512_vnni", "avx_vnni"})
+# quantize activations to 7 bits (`reduce_range`), as torch's own dynamic quantization does there. fbgemm picks
+# its VNNI kernels on avx512_vnni alone (torch's is_cpu_support_vnni asks the same), so a CPU with only AVX-VNNI
+# (client Intel cores) counts as without.
+REDUCE_RANGE = "avx512_vnni" not in _cpu_flags()
 
 
 def cpu_info() -> dict:

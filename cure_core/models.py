@@ -185,7 +185,7 @@ def load_pair(target: str, draft: str | None = None, *, drafter: str = "auto", m
         tmodel, tpath = load_model(target, device, dtype, device_map)
         tok = load_tokenizer(tpath)
         if int8_target:
-            with phase("quantizing the target to int8 (--dtype int8)"):
+            with phase("quantizing the target to int8 (--dtype int8, or auto on this CPU; float32 keeps the weights as saved)"):
                 int8_target_layers(tmodel)
                 use_exact_attention(tmodel)
     else:

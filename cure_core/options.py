@@ -66,17 +66,18 @@ class EngineArgs:
     v_max: str = _opt("--v-max", default="auto", metavar="N|auto", help=(
         "Tree node budget V_max, or auto: measure the target's verification cost curve once and pick, block by "
         "block, the budget that maximises expected tokens/s (budget 0, no draft, included)."))
-    # --- execution: speed only, never the output ---
+    # --- execution: speed only, never the output of a given dtype ---
     kv_cache: str = _opt("--kv-cache", default="static", help=(
         "static: preallocated K/V rows compacted in place | dynamic: transformers' DynamicCache. Never changes "
         "the output."))
     compile: bool = _opt("--compile", default=False, help=(
         "torch.compile the target forward over padded static shapes (CUDA graphs on a GPU), and a DFlash "
-        "drafter's block passes; the first blocks compile."))
+        "drafter's block passes; the first blocks compile. Under --dtype auto the target then runs float32."))
     kernels: str = _opt("--kernels", default="auto", help=(
         "CPU matmuls: packed = oneDNN packs every weight once at load, so verifying N nodes costs far less than "
         "N one-token steps | eager = torch's default | auto = packed where it applies (CPU, float32, or bfloat16 "
-        "where oneDNN has bfloat16 kernels; not --compile). Never changes the output."))
+        "where oneDNN has bfloat16 kernels, int8; not --compile). Never changes the output of a given --dtype; "
+        "under --dtype auto, eager makes the target float32."))
     draft_vocab: str = _opt("--draft-vocab", default="auto", metavar="N|auto", help=(
         "Causal drafters (PARD, AR, --ar-draft) propose only token ids < N plus the prompt's and output's, so "
         "their head costs a fraction of the full vocabulary's. 0 = the whole vocabulary; auto = 16384 on a CPU, "
@@ -85,7 +86,7 @@ class EngineArgs:
     device: str = _opt("--device", default="cpu", help="cpu, cuda, cuda:1, mps ...")
     dtype: str = _opt("--dtype", default="auto", help=(
         "The target's dtype: float32, float16, bfloat16, int8 (CPU: int8 weights, each input row quantized on "
-        "its own; packed kernels), or auto: on a CPU with kernels that pack, int8 where fbgemm has VNNI, else "
+        "its own; packed kernels), or auto: on a CPU with kernels that pack, int8 where fbgemm has AVX512-VNNI, else "
         "bfloat16 where oneDNN runs it natively (AVX512-BF16, AMX), else float32; float32 off the CPU. Every "
         "strategy equals ar token for token in the same dtype; a bfloat16 target is exact so on packed CPU "
         "kernels only (rows probed for the row counts that give them the same bits); elsewhere it can flip "
@@ -93,8 +94,9 @@ class EngineArgs:
     draft_dtype: str = _opt("--draft-dtype", default="auto", help=(
         "The drafters' own networks (PARD, AR, --ar-draft, DFlash's layers): float32, float16, bfloat16, "
         "int8 (CPU, packed kernels: int8 weights for passes of up to 16 rows, such as chain steps), or "
-        "auto: for causal drafters (PARD, AR) under a float32 or bfloat16 target on a CPU, int8 where torch has "
-        "fbgemm's int8 matmuls, else bfloat16 where oneDNN has bfloat16 kernels; else --dtype. Only proposals change, "
+        "auto: for causal drafters (PARD, AR) on a CPU, int8 where torch has fbgemm's int8 matmuls (always under "
+        "an int8 target), else bfloat16 where oneDNN has bfloat16 kernels; else --dtype (float32 for a DFlash "
+        "drafter under an int8 target). Only proposals change, "
         "the target verifies every token. Never changes the output."))
     device_map: str | None = _opt("--device-map", default=None, kind=str, help=(
         "Passed to accelerate (e.g. auto) for targets larger than one device."))
@@ -134,7 +136,7 @@ class EngineArgs:
     def target_dtype(self) -> str:
         """`dtype` by name, auto resolved. Rule: on a CPU, with kernels that pack, auto is the dtype whose
         one-row step streams the fewest bytes among those this CPU multiplies natively: int8 where fbgemm
-        multiplies full 8-bit activations (VNNI), else bfloat16 where oneDNN runs bfloat16 matmuls, else
+        multiplies full 8-bit activations (AVX512-VNNI), else bfloat16 where oneDNN runs bfloat16 matmuls, else
         float32; float32 off the CPU. Every one of them equals ar in its dtype token for token (int8 rows are
         quantized one by one; bfloat16 rows are made not to depend on their pass: cpu_kernels.row_invariant).
         Why: the measured cost curves (benchmarks/results/SUMMARY.md) put int8 below bfloat16 and bfloat16

@@ -18,7 +18,7 @@ from cure_core.tiny import BYTE_VOCAB, MASK_ID, perturbed_copy, tiny_target
 
 torch.set_num_threads(1)
 
-# what `dtype` auto loads a CPU target in here: int8 where fbgemm has VNNI, else bfloat16 where oneDNN runs it
+# what `dtype` auto loads a CPU target in here: int8 where fbgemm has AVX512-VNNI, else bfloat16 where oneDNN runs it
 # natively, else float32
 AUTO_DTYPE = EngineArgs().target_dtype()
 

@@ -146,7 +146,8 @@ def bench(root, *extra):
 def test_bench_refuses_before_loading_any_model(dflash_pair, tmp_path, monkeypatch):
     monkeypatch.setenv(vllm_env.VENV_ENV, str(tmp_path / "none"))
     for extra, expect in ((["--temperature", "0.5"], "--temperature 0"), (["--device", "cuda"], "--device cpu"),
-                          ([], "no vLLM venv"), (["--strategies", "cure"], "keep ar")):
+                          ([], "no vLLM venv"), (["--strategies", "cure"], "keep ar"),
+                          (["--dtype", "int8"], "not int8: pass --dtype float32")):
         r = bench(dflash_pair, "--engine", "vllm", "-o", tmp_path / "out", *extra)
         assert r.exit_code == 2, r.output
         assert expect in r.output and "loading" not in r.output and "Traceback" not in r.output
@@ -169,7 +170,7 @@ def test_bench_adds_vllm_rows_to_the_table_and_results(dflash_pair, tmp_path, fa
     ours = [json.loads(x) for x in (tmp_path / "b" / "progress.jsonl").read_text().splitlines()[1:]]
     assert req["prompts"] == [x["prompt_ids"] for x in ours if x["run"] == "ar"]
     assert req["max_new_tokens"] == 6 and req["num_speculative_tokens"] == 5 and req["threads"] == 1
-    assert req["draft"] == str(tmp_path / "b" / "vllm" / "drafter") and req["dtype"] == AUTO_DTYPE
+    assert req["draft"] == str(tmp_path / "b" / "vllm" / "drafter") and req["dtype"] == ("float32" if AUTO_DTYPE == "int8" else AUTO_DTYPE)
     assert json.loads((tmp_path / "b" / "vllm" / "drafter" / "config.json").read_text())["block_size"] == 6
     assert req["stop_ids"] == [256, 258]                             # the target's eos ids: <|endoftext|>, <|im_end|>
 

@@ -62,7 +62,7 @@ def _hf_greedy(target, ids, n, eos):
 def _cure_generate(root, text):
     r = CliRunner().invoke(app, ["generate", text, "--target", str(root / "target"), "--draft", str(root / "draft"),
                                  "--raw", "-n", str(NEW_TOKENS), "--k", str(BLOCK), "--strategy", "cure", "--json",
-                                 "--dtype", "float32"])       # HF and vLLM run float32 here (auto may be bfloat16)
+                                 "--dtype", "float32"])       # HF and vLLM run float32 here (auto may be int8 or bfloat16)
     assert r.exit_code == 0, r.output
     return json.loads(r.stdout)["token_ids"]
 

@@ -44,13 +44,18 @@ def normalize_dtype(dtype: str) -> str:
     return {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}.get(dtype, dtype)
 
 
+VLLM_DTYPES = ("float32", "bfloat16", "float16")     # vLLM's LLM(dtype=...) for our target dtypes
+
+
 def check(engine: str, *, temperature: float, device: str, device_map: str | None, strategies: Sequence[str],
-          draft_folder: str | None, probe: bool = True) -> None:
+          draft_folder: str | None, probe: bool = True, dtype: str = "float32") -> None:
     """Refuse, before loading anything, what `--engine vllm` cannot do here (VllmError: one line)."""
     if engine not in ENGINES:
         raise VllmError(f"unknown --engine {engine!r}; choose one of {', '.join(ENGINES)}")
     if engine != "vllm":
         return
+    if dtype not in VLLM_DTYPES:
+        raise VllmError(f"--engine vllm runs the target in {', '.join(VLLM_DTYPES)}, not {dtype}: pass --dtype float32")
     if temperature > 0:
         raise VllmError("--engine vllm compares greedy outputs token for token: it needs --temperature 0")
     if device != "cpu" or device_map:
