@@ -95,8 +95,8 @@ class EngineArgs:
         "The drafters' own networks (PARD, AR, --ar-draft, DFlash's layers): float32, float16, bfloat16, "
         "int8 (CPU, packed kernels: int8 weights for passes of up to 16 rows, such as chain steps), or "
         "auto: for causal drafters (PARD, AR) on a CPU, int8 where torch has fbgemm's int8 matmuls (always under "
-        "an int8 target), else bfloat16 where oneDNN has bfloat16 kernels; else --dtype (float32 for a DFlash "
-        "drafter under an int8 target). Only proposals change, "
+        "an int8 target), else bfloat16 where oneDNN has bfloat16 kernels; else --dtype (a DFlash drafter under an int8 "
+        "target: bfloat16 where oneDNN has bfloat16 kernels, else float32). Only proposals change, "
         "the target verifies every token. Never changes the output."))
     device_map: str | None = _opt("--device-map", default=None, kind=str, help=(
         "Passed to accelerate (e.g. auto) for targets larger than one device."))

@@ -129,6 +129,27 @@ def test_cli_names_int8_and_refuses_an_unknown_dtype_in_one_line(saved):
     assert "int8" in CliRunner().invoke(app, ["generate", "--help"], env={"COLUMNS": "200"}).output
 
 
+def test_a_dflash_drafter_under_an_int8_target_runs_its_layers_as_int8_networks_load(tmp_path):
+    """--draft-dtype auto under an int8 target: a DFlash drafter's layers load in int8_network_dtype()
+    (bfloat16 where oneDNN runs it natively), told dtypes stay as told, and every strategy equals int8 ar."""
+    from cure_core.models import int8_network_dtype
+    from cure_core.tiny import tiny_target
+    from test_dflash import write_dflash
+    target = tiny_target(seed=0)
+    target.save_pretrained(tmp_path / "target")
+    byte_tokenizer().save_pretrained(tmp_path / "target")
+    draft = write_dflash(tmp_path / "draft", target)
+    loaded = load_pair(str(tmp_path / "target"), str(draft), dtype="int8", draft_dtype="auto")
+    assert loaded.draft_dtype == int8_network_dtype()
+    assert {p.dtype for p in loaded.pair.drafter.model.layers.parameters()} == {getattr(torch, int8_network_dtype())}
+    told = load_pair(str(tmp_path / "target"), str(draft), dtype="int8", draft_dtype="float32")
+    assert told.draft_dtype == "float32"
+    prompt = list(b"def f(x):\n")
+    ref = loaded.generate(prompt, strategy="ar", max_new_tokens=16).token_ids
+    for strategy in ("parallel", "cure", "ddtree"):
+        assert loaded.generate(prompt, strategy=strategy, k=6, max_new_tokens=16).token_ids == ref, strategy
+
+
 @pytest.mark.real_models
 def test_every_strategy_equals_ar_in_int8_on_the_real_default_pair():
     """The embedded 0.5B in int8 with its shipped DFlash drafter: cure, ddtree and parallel emit int8 ar's
