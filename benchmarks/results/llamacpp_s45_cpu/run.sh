@@ -19,3 +19,8 @@ python3 benchmarks/llamacpp.py --sets $SETS --limit 6 --max-new-tokens 128 --thr
 #   cure bench humaneval --limit 40 -n 256 --strategies cure --dtype int8 --allow-code-exec --threads 1 --json -o /tmp/he/int8
 #   cp /tmp/he/int8/results.json $R/he40_int8_results.json
 #   python3 $R/pass_at_1.py $R/he40_int8_results.json benchmarks/results/bf16_target_s44_cpu/he40/*_results.json
+# DFlash layers float32 against bfloat16 under the int8 target (the rule of 2916181), then the 0.5B pair on the final code
+python3 benchmarks/peers.py --sets $SETS --limit 6 --max-new-tokens 128 --threads 2 --hf "" \
+    --strategies ar,cure,cure:draft_dtype=bfloat16 --json $R/dflash_bf16_draft_qwen05b.json
+python3 benchmarks/llamacpp.py --sets $SETS --limit 6 --max-new-tokens 128 --threads 2 \
+    --strategies ar,cure,ddtree --llama ar,lookup --quiet --json $R/llamacpp18_qwen05b_final.json
