@@ -290,12 +290,6 @@ def add_llama_methods(args, setup: peers.Setup, threads: int, exes: dict[str, Pa
     return methods, info
 
 
-def target_dtype(pair) -> str:
-    """The dtype `ar` ran in: int8 for an int8 target, whose norms and embedding stay float32."""
-    from cure_core.cpu_kernels import run_dtype
-    return run_dtype(pair.target)
-
-
 def render(console, summary: dict, n_prompts: int, ar_dtype: str, title: str = "") -> None:
     from rich.table import Table
 
@@ -352,7 +346,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     llama, llama_info = add_llama_methods(args, setup, threads, exes)
     methods += llama
     load_s = time.perf_counter() - t_load
-    ar_dtype = target_dtype(setup.pair)
+    from cure_core.cpu_kernels import run_dtype
+    ar_dtype = run_dtype(setup.pair.target)          # int8 for an int8 target, whose norms stay float32
     env["ar_dtype"] = ar_dtype
     for n in setup.notes:
         console.print(f"note: {n}")
