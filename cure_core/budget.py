@@ -85,7 +85,8 @@ def _model_key(model, ctx_len: int, kv: str = "dynamic", compile: bool = False) 
     # float32 ones its linears did not take, as a float32 target's under packed kernels are
     cpu = cpu_info()["cpu_model"] if device.type == "cpu" else None          # the machine, where a cache is shared
     return (f"{name}|{n}|{device}|{run_dtype(model)}|ctx{ctx_len}|torch{torch.__version__}|threads{torch.get_num_threads()}"
-            f"|{kernels}|{path}|{cpu}|rounds|max")      # rounds: timed in interleaved rounds; max: argmax's read
+            f"|{kernels}|{path}|{cpu}|rounds|max|int8x2")   # rounds: timed in interleaved rounds; max: argmax's
+    # read; int8x2: an int8 target's rows in two levels (cpu_kernels.row_int8_matmul)
 
 
 def _cache_file() -> Path:

@@ -29,7 +29,7 @@ def test_a_burst_of_load_spoils_one_round_not_the_curve(target, monkeypatch):
 def test_the_cache_key_names_the_method():
     """Curves cached by the size-after-size method are not reused: the key changed with the method."""
     from cure_core.tiny import tiny_target
-    assert budget._model_key(tiny_target(seed=0), 128).endswith("|rounds|max")
+    assert budget._model_key(tiny_target(seed=0), 128).endswith("|rounds|max|int8x2")
 
 
 def test_an_int8_target_and_its_float32_twin_have_their_own_curves():

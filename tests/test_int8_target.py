@@ -39,6 +39,31 @@ def test_a_row_of_an_int8_target_layer_does_not_depend_on_its_pass():
         assert not torch.equal(dyn(x[:16]), dyn_alone)
 
 
+def test_an_int8_target_row_keeps_its_small_channels_beside_an_outlier():
+    """row_int8_matmul carries each row in two int8 levels (the row on the grid, then what the grid rounded
+    off). Rows with one channel 300x the others (as Qwen2.5's hidden states have): one level's step is larger
+    than the small channels and rounds most of them away; two levels keep the product within the int8
+    weight's own rounding. Against the dequantized int8 weight, so only the activations' rounding counts."""
+    from cure_core.cpu_kernels import ROW_STEP, ROW_ZERO, int8_rows, row_int8_matmul
+    torch.manual_seed(0)
+    w = torch.randn(64, 256)
+    q = int8_rows(w)
+    packed = torch.ops.quantized.linear_prepack(q, None)
+    x = torch.randn(8, 256) * 0.01
+    x[:, 5] = 3.0                                                       # the outlier channel
+    ref = x @ q.dequantize().T
+    small = x.clone()
+    small[:, 5] = 0.0
+    small_part = (small @ q.dequantize().T).norm()                     # what the small channels contribute
+    with torch.inference_mode():
+        two = row_int8_matmul(x, packed)
+        scale = x.abs().amax(1, keepdim=True)
+        one = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
+            (x / scale).contiguous(), ROW_STEP, ROW_ZERO, packed) * scale   # the one-level rule
+    assert (one - ref).norm() > 0.3 * small_part                      # one level loses most of them
+    assert (two - ref).norm() < 0.01 * small_part                     # two keep them
+
+
 def test_exact_attention_rows_do_not_depend_on_their_pass():
     """A tree's rows (query heads grouped over K/V heads, each row seeing its own keys) equal each row run
     alone over the same keys, bit for bit, and sdpa's result within float32 rounding."""

@@ -198,3 +198,19 @@ def test_cpu_info_names_the_cpu_and_its_kernels(monkeypatch):
         return real_open(path, *a, **k)
     monkeypatch.setattr("builtins.open", no_cpuinfo)
     assert K.cpu_info()["cpu_model"] is None
+
+
+@pytest.mark.parametrize("flags, torch_says, native", [
+    ({"sse2", "avx512f", "avx512bw"}, True, False),             # AVX512 alone: oneDNN would emulate bfloat16
+    ({"sse2", "avx512f", "avx512_bf16"}, True, True),
+    ({"sse2", "amx_bf16", "amx_tile"}, True, True),
+    ({"sse2", "avx512_bf16"}, False, False),                    # torch's build cannot
+    (set(), True, True),                                         # no x86 flags (another architecture): torch's word
+])
+def test_bfloat16_counts_as_native_only_where_the_cpu_has_it(monkeypatch, flags, torch_says, native):
+    """bf16_kernels (what auto picks bfloat16 by) asks the CPU for AVX512-BF16 or AMX on x86, not only torch, whose
+    check also passes where oneDNN emulates bfloat16 at 1.6x float32's cost."""
+    from cure_core import cpu_kernels as K
+    monkeypatch.setattr(K, "_cpu_flags", lambda: flags)
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: torch_says)
+    assert K.bf16_kernels.__wrapped__() is native
