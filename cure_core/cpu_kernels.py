@@ -24,7 +24,6 @@ int8 is the slower one, 75 against 54 ms).
 from __future__ import annotations
 
 import functools
-
 import warnings
 from typing import Callable
 
@@ -311,9 +310,9 @@ class RowInt8Linear(nn.Module):
     """y = x W^T + b with W in int8 (one scale per output row) and every input row quantized with its own
     scale: a target's `--dtype int8`. Each row is divided by its largest |x| and quantized on one fixed grid
     (ROW_STEP, ROW_ZERO) in two int8 levels (row_int8_matmul), fbgemm sums the int8 products exactly in
-    int32, and the row's scale multiplies its output back. Nothing in a row's result depends on the other rows of its pass, so a tree
-    verify of N rows gives each row what a one-row `ar` step gives it, bit for bit (tests/test_kernels.py):
-    the property lossless decoding in int8 rests on. fbgemm's dynamic linear (Int8Linear) shares one input
+    int32, and the row's scale multiplies its output back. Nothing in a row's result depends on the other
+    rows of its pass, so a tree verify of N rows gives each row what a one-row `ar` step gives it, bit for
+    bit (tests/test_int8_target.py): the property lossless decoding in int8 rests on. fbgemm's dynamic linear (Int8Linear) shares one input
     scale over the pass, which is why drafters may use it and targets may not. Memory: a quarter of the
     float32 weight; the head keeps its float32 `weight` too (tied to the embedding, which reads it)."""
 
