@@ -90,8 +90,17 @@ class LoadedPair:
         return encode_prompt(self.tokenizer, prompt, use, history=history, thinking=self.thinking)
 
     def config_for(self, **changes) -> DecodeConfig:
-        """The default config with some fields changed (e.g. strategy, max_new_tokens)."""
-        return self.config.with_(**changes) if changes else self.config
+        """The default config with some fields changed (e.g. strategy, max_new_tokens). Rule: `v_max`, `k` and
+        `b_max` go through DecodeConfig.from_user, as the command line's do, so a number fixes the budget and
+        'auto' hands it to the tuner (a plain with_ kept the defaults' tuner under a fixed v_max)."""
+        cfg = self.config
+        if not changes:
+            return cfg
+        if "auto_budget" in changes or not {"v_max", "k", "b_max"} & changes.keys():
+            return cfg.with_(**changes)
+        v_max = changes.pop("v_max", "auto" if cfg.auto_budget else cfg.v_max)
+        return DecodeConfig.from_user(cfg, k=changes.pop("k", cfg.k), v_max=v_max, b_max=changes.pop("b_max", None),
+                                      **changes)
 
     def stream(self, prompt: str | Sequence[int], *, trace: str | os.PathLike | None = None,
                **changes) -> Iterator[Block]:

@@ -133,6 +133,22 @@ def test_the_tuner_is_shared_across_lengths_not_across_policies(tiny_dirs):
     assert len(model.engine._policies) == 2
 
 
+def test_a_budget_given_per_call_is_fixed_and_auto_hands_it_to_the_tuner(tiny_dirs):
+    """generate(v_max=N) decodes at budget N, as --v-max N does: no tuner (before, the defaults' tuner kept
+    choosing under a ceiling of N, so a 'fixed budget' run depended on the clock)."""
+    t, d = tiny_dirs
+    model = load(target=str(t), draft=str(d), strategy="cure")           # v_max auto, the default
+    fixed = model.config_for(v_max=20)
+    assert (fixed.v_max, fixed.auto_budget) == (20, False)
+    assert model.config_for(v_max="auto").auto_budget and model.config_for(max_new_tokens=5).auto_budget
+    assert model.config_for(k=5).k == 5 and model.config_for(k=5).auto_budget
+    model.generate("x = 1", max_new_tokens=6, v_max=20)
+    assert model.engine.tuner_for(fixed) is None
+    pinned = load(target=str(t), draft=str(d), strategy="cure", v_max=20)
+    assert pinned.config_for(max_new_tokens=5).auto_budget is False
+    assert pinned.config_for(v_max="auto").auto_budget is True
+
+
 def test_engine_flags_are_declared_once():
     """No decoding command declares an engine flag itself: generate, chat and bench (and train-drafter's
     --target and --device) take them from EngineArgs. (train-drafter's and analyze's --seed seed training

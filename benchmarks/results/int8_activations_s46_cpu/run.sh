@@ -27,3 +27,5 @@ for f in qwen05b_x2 qwen05b_x1 qwen05b_final; do
 done
 # teacher-forced agreement, KL and hidden-state error, one level against two (no timing)
 python3 $R/quality.py > $R/quality.txt
+# tau at truly fixed budgets (no tuner: config_for's fix), one level against two, in one process (no timing)
+python3 $R/fixed_budget_tau.py 8,16 > /tmp/fbt.log && sed -n '/^{$/,$p' /tmp/fbt.log > $R/fixed_budget_tau.json
