@@ -4,8 +4,8 @@ A drafter that knows code misses what prose and word problems repeat: the questi
 a phrase. Prompt lookup drafts by copying (the idea behind transformers' `prompt_lookup_num_tokens`):
 find the latest earlier occurrence of the last n tokens (n = policies.LOOKUP_NGRAM down to 1) and propose the
 tokens that followed it. In best-first cure that path joins the heap beside the drafter's tables
-(strategies.best_first `path`); its nodes are scored by how often lookup tokens at that depth were
-accepted so far (LookupStats), so they compete with the drafter's nodes for the budget instead of
+(strategies.best_first `graft`); its nodes are scored by how often lookup tokens at that depth were
+accepted so far, apart where they repeat the drafter's chain and where they depart from it (LookupStats), so they compete with the drafter's nodes for the budget instead of
 taking it. Verification is the same tree pass, so output stays lossless.
 
 The graft's score is already what the acceptance model ranks the drafter's nodes by, P(accepted | parent
@@ -77,39 +77,46 @@ class NgramIndex:
 
 
 @dataclass
-class LookupStats:
-    """Acceptance of lookup tokens by depth along their path: tried (its parent was accepted) and
-    accepted. Rule: the score of the i-th lookup token is log P(accepted | parent accepted), estimated
-    with one prior success and one prior failure (so an unseen depth scores log 1/2), kept over one
-    engine's generations like the budget tuner: on the acceptance model's scale (acceptance.py), so a graft
-    competes with the drafter's nodes in the same units."""
+class DepthRate:
+    """P(accepted | parent accepted) by path depth: tried (its parent was accepted) and accepted, with one prior
+    success and one prior failure (so an unseen depth scores log 1/2)."""
     tried: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
-    _path: list[float] = field(default_factory=list, repr=False, compare=False)   # path_logp's, until observe
 
     def logp(self, depth: int) -> float:
-        """log-prob of the lookup token at path depth `depth` (1-based) given its parent was accepted."""
+        """log-prob that the token at path depth `depth` (1-based) is accepted given its parent was."""
         i = depth - 1
         t = self.tried[i] if i < len(self.tried) else 0
         a = self.accepted[i] if i < len(self.accepted) else 0
         return math.log((a + 1) / (t + 2))
 
-    def path_logp(self, n: int) -> list[float]:
-        """logp(1) .. logp(n), kept until the next observe (each block asks, few blocks change them)."""
-        if len(self._path) < n:
-            self._path = [self.logp(d) for d in range(1, n + 1)]
-        return self._path[:n]
+    def count(self, depth: int, hit: bool) -> None:
+        while len(self.tried) < depth:
+            self.tried.append(0)
+            self.accepted.append(0)
+        self.tried[depth - 1] += 1
+        self.accepted[depth - 1] += hit
 
-    def observe(self, lookup_nodes: Sequence[int], accepted: set[int]) -> None:
+
+@dataclass
+class LookupStats:
+    """Acceptance of lookup tokens by depth along their path, kept over one engine's generations like the budget
+    tuner, on the acceptance model's scale (acceptance.py), so a graft competes with the drafter's nodes in the
+    same units. Rule: a lookup token that repeats the drafter's top-1 chain (the graft's first `agree` tokens)
+    and one that departs from it are counted apart. Where they agree the drafter's node is there anyway and
+    the graft only carries its score on; where they part, the graft's own token is right only where the drafter
+    is wrong, and one pooled rate lets a drafter that is right make the graft's own nodes look right."""
+    on_chain: DepthRate = field(default_factory=DepthRate)
+    own: DepthRate = field(default_factory=DepthRate)
+
+    def path_logp(self, n: int, agree: int) -> list[float]:
+        """The scores of a graft of n tokens whose first `agree` repeat the drafter's top-1 chain."""
+        return [(self.on_chain if d <= agree else self.own).logp(d) for d in range(1, n + 1)]
+
+    def observe(self, lookup_nodes: Sequence[int], accepted: set[int], agree: int) -> None:
         """lookup_nodes: the tree node holding each lookup token, shallow to deep, as far as the tree
-        took the path; accepted: the accepted node indices."""
-        if lookup_nodes:
-            self._path = []                                      # the counts change: path_logp recomputes
+        took the path; accepted: the accepted node indices; agree: as in path_logp."""
         for i, node in enumerate(lookup_nodes):
             if i > 0 and lookup_nodes[i - 1] not in accepted:
                 break                                            # its parent was rejected: not tried
-            while len(self.tried) <= i:
-                self.tried.append(0)
-                self.accepted.append(0)
-            self.tried[i] += 1
-            self.accepted[i] += node in accepted
+            (self.on_chain if i < agree else self.own).count(i + 1, node in accepted)

@@ -26,6 +26,7 @@ from .budget import BudgetTuner
 from .config import DecodeConfig
 from .drafters.base import Drafter, Proposal
 from .lookup import Graft, LookupStats, NgramIndex
+from .metrics import common_prefix
 from .redraft_price import RedraftPrice
 from .strategies import (TreePlan, build_cure_best_first, build_ddtree, build_paper_tree, chain_tree,
                          drafted_steps, path_nodes, redraft_policy)
@@ -189,7 +190,8 @@ class BestFirstCure(Chain):
         graft = None
         if self.ngrams is not None:
             tokens = self.ngrams.continuation(min(self.cfg.best_first.lookup, n))
-            graft = Graft(tokens, self.lookup.path_logp(len(tokens))) if tokens else None
+            agree = common_prefix(tokens, proposal.tokens)
+            graft = Graft(tokens, self.lookup.path_logp(len(tokens), agree)) if tokens else None
         if self.price is not None:
             redraft = self.price.pays(budget, self.price.measured_rate)
         elif tuner is not None and self.prices_pass:
@@ -222,7 +224,8 @@ class BestFirstCure(Chain):
         if self.greedy and self.acceptance is not None and plan.ranks:
             self.acceptance.observe(plan.ranks, plan.logq, tree.parents, tree.depths, accepted)
         if self.lookup is not None and plan.lookup_nodes:
-            self.lookup.observe(plan.lookup_nodes, accepted)
+            held = [tree.tokens[i] for i in plan.lookup_nodes]
+            self.lookup.observe(plan.lookup_nodes, accepted, common_prefix(held, plan.proposal.tokens))
         if plan.unrepaired is not None and self.greedy and (self.tuner is not None or self.price is not None):
             # what the re-draft pass won: the target's greedy path (accepted + bonus) walked down the tree
             # before the pass holds `held` of its tokens, and that tree would have accepted them

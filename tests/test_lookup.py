@@ -47,11 +47,24 @@ def test_the_ngram_index_answers_like_the_scan_as_the_text_grows(text, chunks, n
 
 def test_lookup_stats_score_depths_by_their_acceptance():
     s = LookupStats()
-    assert s.logp(1) == pytest.approx(math.log(0.5))
-    s.observe([10, 11, 12], {10, 11})                   # depths 1, 2 accepted, 3 tried and rejected
-    s.observe([20, 21], set())                          # depth 1 rejected: depth 2 was never tried
-    assert s.tried == [2, 1, 1] and s.accepted == [1, 1, 0]
-    assert s.path_logp(3) == pytest.approx([math.log(2 / 4), math.log(2 / 3), math.log(1 / 3)])
+    assert s.path_logp(1, 0) == pytest.approx([math.log(0.5)])
+    s.observe([10, 11, 12], {10, 11}, 0)                # depths 1, 2 accepted, 3 tried and rejected
+    s.observe([20, 21], set(), 0)                       # depth 1 rejected: depth 2 was never tried
+    assert s.own.tried == [2, 1, 1] and s.own.accepted == [1, 1, 0] and not s.on_chain.tried
+    assert s.path_logp(3, 0) == pytest.approx([math.log(2 / 4), math.log(2 / 3), math.log(1 / 3)])
+
+
+def test_lookup_tokens_on_the_drafters_chain_are_counted_apart_from_the_grafts_own():
+    """A drafter that is right makes lookup tokens that repeat its chain right: that must not raise the score of
+    the tokens the graft adds where it departs from the chain."""
+    s = LookupStats()
+    for _ in range(8):
+        s.observe([1, 2, 3], {1, 2}, 2)                 # repeats the chain at depths 1-2 (accepted), departs at 3
+    assert s.on_chain.tried == [8, 8] and s.on_chain.accepted == [8, 8]
+    assert s.own.tried == [0, 0, 8] and s.own.accepted == [0, 0, 0]
+    on, on2, own = s.path_logp(3, 2)
+    assert on == on2 == pytest.approx(math.log(9 / 10)) and own == pytest.approx(math.log(1 / 10))
+    assert s.path_logp(1, 0) == pytest.approx([math.log(1 / 2)])    # depth 1 off the chain: never seen
 
 
 def table(rows):
@@ -104,7 +117,7 @@ def test_the_engine_grafts_repeats_and_learns_their_acceptance(target, drafts):
     blocks = list(engine.generate(prompt))
     assert [t for b in blocks for t in b.emitted] == generate_ids(pair, cfg.with_(strategy="ar"), prompt)
     stats = engine.policy_for(cfg).lookup
-    assert stats.tried and stats.tried[0] > 0
+    assert sum(rate.tried[0] for rate in (stats.on_chain, stats.own) if rate.tried) > 0    # depth 1 was tried
 
 
 @settings(max_examples=30, deadline=None, derandomize=True,
