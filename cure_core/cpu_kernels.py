@@ -312,8 +312,8 @@ class RowInt8Linear(nn.Module):
     (ROW_STEP, ROW_ZERO) in two int8 levels (row_int8_matmul), fbgemm sums the int8 products exactly in
     int32, and the row's scale multiplies its output back. Nothing in a row's result depends on the other
     rows of its pass, so a tree verify of N rows gives each row what a one-row `ar` step gives it, bit for
-    bit (tests/test_int8_target.py): the property lossless decoding in int8 rests on. fbgemm's dynamic linear (Int8Linear) shares one input
-    scale over the pass, which is why drafters may use it and targets may not. Memory: a quarter of the
+    bit (tests/test_int8_target.py): the property lossless decoding in int8 rests on. fbgemm's dynamic
+    linear (Int8Linear) shares one input scale over the pass, which is why drafters may use it and targets may not. Memory: a quarter of the
     float32 weight; the head keeps its float32 `weight` too (tied to the embedding, which reads it)."""
 
     def __init__(self, linear: nn.Linear, keep_weight: bool):

@@ -5,8 +5,8 @@ a phrase. Prompt lookup drafts by copying (the idea behind transformers' `prompt
 find the latest earlier occurrence of the last n tokens (n = policies.LOOKUP_NGRAM down to 1) and propose the
 tokens that followed it. In best-first cure that path joins the heap beside the drafter's tables
 (strategies.best_first `graft`); its nodes are scored by how often lookup tokens at that depth were
-accepted so far, apart where they repeat the drafter's chain and where they depart from it (LookupStats), so they compete with the drafter's nodes for the budget instead of
-taking it. Verification is the same tree pass, so output stays lossless.
+accepted so far, apart where they repeat the drafter's chain and where they depart from it (LookupStats),
+so they compete with the drafter's nodes for the budget instead of taking it. Verification is the same tree pass, so output stays lossless.
 
 The graft's score is already what the acceptance model ranks the drafter's nodes by, P(accepted | parent
 accepted), so it takes the budget only where it is the likelier guess.
